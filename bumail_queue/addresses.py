@@ -1,0 +1,131 @@
+"""Envelope addresses as RFC 5321 §4.1.2 defines them, with RFC 6531's UTF-8 extension.
+
+Only the syntax an SMTP server would accept in ``MAIL FROM`` / ``RCPT TO`` passes: a
+``Dot-string`` or ``Quoted-string`` local part, an ``@``, and a domain or an address
+literal, within §4.5.3.1's size limits. Non-ASCII text is accepted where SMTPUTF8
+allows it; whether a given server takes it is decided at delivery.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from .errors import ErrorCode, QueueError
+from .text import unkeepable_reason
+
+# RFC 5321 §4.5.3.1: the limits a server must accept, in octets.
+MAX_LOCAL_PART = 64
+MAX_DOMAIN = 255
+MAX_PATH = 256  # including the angle brackets
+
+_ATEXT = r"[A-Za-z0-9!#$%&'*+\-/=?^_`{|}~\u0080-\U0010ffff]"
+_DOT_STRING = re.compile(rf"{_ATEXT}+(?:\.{_ATEXT}+)*")
+# qtextSMTP is %d32-33 / %d35-91 / %d93-126; quoted-pairSMTP is "\" %d32-126.
+_QUOTED_STRING = re.compile(r'"(?:[\x20\x21\x23-\x5b\x5d-\x7e\u0080-\U0010ffff]|\\[\x20-\x7e])*"')
+_LABEL = re.compile(r"[A-Za-z0-9\u0080-\U0010ffff](?:[A-Za-z0-9\-\u0080-\U0010ffff]*[A-Za-z0-9\u0080-\U0010ffff])?")
+_GENERAL_LITERAL = re.compile(r"[A-Za-z0-9-]*[A-Za-z0-9]:[\x21-\x5a\x5e-\x7e]+")
+
+
+def _local_part_problem(local: str) -> str | None:
+    if not local:
+        return "the local part before the @ is empty"
+    if len(local.encode("utf-8")) > MAX_LOCAL_PART:
+        return f"the local part is longer than {MAX_LOCAL_PART} octets"
+    if _DOT_STRING.fullmatch(local) or _QUOTED_STRING.fullmatch(local):
+        return None
+    return "the local part is neither a dot-atom nor a quoted string (RFC 5321 §4.1.2)"
+
+
+def _label_problem(label: str) -> str | None:
+    if not _LABEL.fullmatch(label):
+        return f"the domain label {label!r} is not letters, digits and inner hyphens"
+    if label.isascii():
+        if len(label) > 63:
+            return f"the domain label {label[:20]!r}... is longer than 63 characters"
+        return None
+    try:
+        encoded = label.encode("idna")
+    except UnicodeError:
+        return f"the domain label {label!r} is not a valid internationalized label"
+    if len(encoded) > 63:
+        return f"the domain label {label[:20]!r}... is longer than 63 characters as an A-label"
+    return None
+
+
+def _literal_problem(literal: str) -> str | None:
+    inner = literal[1:-1]
+    if inner.lower().startswith("ipv6:"):
+        try:
+            ipaddress.IPv6Address(inner[5:])
+        except ValueError:
+            return "the IPv6 address literal is not an IPv6 address"
+        return None
+    try:
+        ipaddress.IPv4Address(inner)
+    except ValueError:
+        if _GENERAL_LITERAL.fullmatch(inner):
+            return None
+        return "the address literal is not an IPv4, IPv6 or general address literal"
+    return None
+
+
+def _domain_problem(domain: str) -> str | None:
+    if not domain:
+        return "the domain after the @ is empty"
+    if domain.startswith("[") and domain.endswith("]"):
+        return _literal_problem(domain)
+    if len(domain.encode("utf-8")) > MAX_DOMAIN:
+        return f"the domain is longer than {MAX_DOMAIN} octets"
+    for label in domain.split("."):
+        problem = _label_problem(label)
+        if problem:
+            return problem
+    return None
+
+
+def mailbox_problem(address: str) -> str | None:
+    """Say what is wrong with ``address`` as an RFC 5321 mailbox, or return ``None``."""
+    reason = unkeepable_reason(address)
+    if reason:
+        return reason
+    if any(ch in address for ch in "\r\n\t") or any(ord(ch) < 32 or ord(ch) == 127 for ch in address):
+        return "it holds a control character (CR, LF, TAB or another)"
+    if len(address.encode("utf-8")) + 2 > MAX_PATH:
+        return f"it is longer than {MAX_PATH - 2} octets"
+    local, at, domain = address.rpartition("@")
+    if not at:
+        return "it has no @"
+    return _local_part_problem(local) or _domain_problem(domain)
+
+
+def check_mailbox(address: str, *, role: str) -> str:
+    """Return ``address`` if it is a valid mailbox, else raise ``QueueError(INVALID)``.
+
+    ``role`` names the address in the message (``"recipient"``, ``"sender"``).
+    """
+    problem = mailbox_problem(address)
+    if problem:
+        raise QueueError(
+            ErrorCode.INVALID,
+            f"The {role} address {address!r} cannot be queued: {problem}.",
+            recipient=address if role == "recipient" else None,
+        )
+    return address
+
+
+def check_sender(address: str) -> str:
+    """Return the envelope sender; ``""`` is the null sender ``<>`` (RFC 5321 §4.5.5)."""
+    if address == "":
+        return address
+    return check_mailbox(address, role="sender")
+
+
+def needs_smtputf8(address: str) -> bool:
+    """Return whether the address can only travel with SMTPUTF8 (RFC 6531)."""
+    return not address.isascii()
+
+
+def domain_of(address: str) -> str:
+    """Return the domain part of a mailbox, lowercased: the key of routes and limits."""
+    return address.rpartition("@")[2].lower()

@@ -1,0 +1,14 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
+
+
+class BumailQueueConfig(AppConfig):
+    name = "bumail_queue"
+    label = "bumail_queue"
+    verbose_name = _("Mail queue")
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks, conf  # noqa: F401 - registers the checks and the reload receiver

@@ -1,0 +1,63 @@
+"""``QueueEmailBackend``: Django's email API, turned into durable enqueues.
+
+Works as ``EMAIL_BACKEND`` (Django 5.2, 6.0) and as a ``MAILERS`` entry (Django 6.1+).
+It delivers nothing itself: it only queues.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.core.mail import EmailMessage
+from django.core.mail.backends.base import BaseEmailBackend
+
+from .errors import ErrorCode, QueueConfigurationError, QueueError
+
+try:  # Django 6.1+
+    from django.core.mail import InvalidMailer
+except ImportError:  # pragma: no cover - Django < 6.1
+    InvalidMailer = None
+
+# Django < 6.1 passes these from send_mail(auth_user=..., auth_password=...); a queue
+# has no use for SMTP credentials of the caller, so they are accepted and ignored.
+_LEGACY_CONNECTION_KWARGS = frozenset({"username", "password"})
+
+
+class QueueEmailBackend(BaseEmailBackend):
+    """Queue every message it is given; ``send_messages`` returns how many were queued.
+
+    It takes no ``OPTIONS``: an unknown one is refused (``InvalidMailer`` on Django
+    6.1, ``QueueConfigurationError`` before). ``fail_silently``, where Django still
+    passes it, turns a refused enqueue into a return value of 0.
+    """
+
+    def __init__(self, fail_silently: bool = False, **kwargs: Any) -> None:  # noqa: FBT001, FBT002 - Django's signature
+        if InvalidMailer is None:
+            unknown = sorted(set(kwargs) - _LEGACY_CONNECTION_KWARGS)
+            if unknown:
+                raise QueueConfigurationError(
+                    f"QueueEmailBackend takes no options; got {', '.join(map(repr, unknown))}."
+                )
+            super().__init__(fail_silently=fail_silently)
+        else:
+            # fail_silently is kept here rather than handed to Django 6.1's base class,
+            # which would raise its deprecation warning on our behalf.
+            super().__init__(**kwargs)
+        self.fail_silently = fail_silently
+
+    def send_messages(self, email_messages: Iterable[EmailMessage]) -> int:
+        """Queue the messages in one step (all or none); return how many were queued."""
+        from .service import queue
+
+        # As Django's SMTP backend does, a message without recipients is skipped.
+        messages: Sequence[EmailMessage] = [m for m in email_messages if m.recipients()]
+        if not messages:
+            return 0
+        try:
+            return len(queue.enqueue_many(messages))
+        except QueueError as error:
+            # fail_silently covers a refused send, never a broken configuration.
+            if self.fail_silently and error.code != ErrorCode.INVALID_OPTION:
+                return 0
+            raise

@@ -1,0 +1,57 @@
+"""System checks: ``manage.py check`` reports what ``BUMAIL_QUEUE`` start-up would refuse."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.apps import AppConfig
+from django.conf import settings as django_settings
+from django.core import checks
+
+from .conf import SETTING_NAME, get_settings, validate
+from .errors import QueueError
+
+BACKEND_PATH = "bumail_queue.backends.QueueEmailBackend"
+
+
+@checks.register("bumail_queue")
+def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Report every problem of ``BUMAIL_QUEUE`` as an error with its id."""
+    return [
+        checks.Error(problem.message, obj=SETTING_NAME, id=problem.id)
+        for problem in validate(getattr(django_settings, SETTING_NAME, {}))
+    ]
+
+
+@checks.register("bumail_queue")
+def check_store(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Report what the configured store finds wrong with its own set-up."""
+    if validate(getattr(django_settings, SETTING_NAME, {})):
+        return []  # check_settings reports those
+    from .stores import store_from_settings
+
+    try:
+        store = store_from_settings(get_settings())
+    except QueueError as error:
+        return [checks.Error(error.message, obj=SETTING_NAME, id="bumail_queue.E003")]
+    return list(store.check(**kwargs))
+
+
+@checks.register("bumail_queue")
+def check_plaintext_auth(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn about a smarthost that would send its password without TLS."""
+    raw = getattr(django_settings, SETTING_NAME, {})
+    if validate(raw):
+        return []
+    routes = {"ROUTE": raw.get("ROUTE", {}), **{f"ROUTES[{d!r}]": r for d, r in raw.get("ROUTES", {}).items()}}
+    return [
+        checks.Warning(
+            f"BUMAIL_QUEUE['{where}'] sends USERNAME and PASSWORD to its smarthost without TLS.",
+            hint="Set 'TLS' to 'starttls' or 'implicit', or drop the credentials.",
+            obj=SETTING_NAME,
+            id="bumail_queue.W001",
+        )
+        for where, route in routes.items()
+        if route.get("TYPE") == "smarthost" and route.get("TLS") == "none" and route.get("USERNAME")
+    ]

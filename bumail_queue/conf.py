@@ -1,0 +1,362 @@
+"""``BUMAIL_QUEUE``: read in this one place, validated, typed, reloaded on change.
+
+``validate()`` is the single validator: ``load()`` raises on what it finds, and the
+checks framework reports the same problems with ids, so ``manage.py check`` and a
+start-up say the same thing. No message ever repeats the value of ``PASSWORD``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import ipaddress
+import math
+import re
+import socket
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any, Final
+
+from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from .errors import QueueConfigurationError
+
+SETTING_NAME: Final = "BUMAIL_QUEUE"
+
+DEFAULTS: Final[Mapping[str, Any]] = {
+    "STORE": "orm",
+    "DATABASE": "default",
+    "REDIS_CONNECTION": "default",
+    "REDIS_KEY_PREFIX": "bumail:queue:",
+    "HOSTNAME": None,  # socket.getfqdn() when read
+    "ROUTE": {"TYPE": "mx"},
+    "ROUTES": {},
+    "MX_PORT": 25,
+    "DNS_NAMESERVERS": None,
+    "CONCURRENCY": 20,
+    "DOMAIN_CONCURRENCY": 5,
+    "LEASE_SECONDS": 600,
+    "MAX_AGE": timedelta(days=5),
+    "DELAY_WARNING": timedelta(hours=4),
+    "MAX_ITEMS": None,
+    "MAX_MESSAGE_SIZE": 25 * 1024 * 1024,
+}
+
+#: The store aliases bumail_queue ships; anything else is a dotted path.
+BUILTIN_STORES: Final = {
+    "orm": "bumail_queue.stores.orm.ORMStore",
+    "memory": "bumail_queue.stores.memory.MemoryStore",
+}
+
+ROUTE_TYPES: Final = ("mx", "smarthost")
+TLS_MODES: Final = ("starttls", "implicit", "none")
+_ROUTE_KEYS: Final = {
+    "mx": {"TYPE", "TLS_REQUIRED"},
+    "smarthost": {"TYPE", "HOST", "PORT", "USERNAME", "PASSWORD", "TLS", "TLS_VERIFY"},
+}
+_HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+_REDIS_PREFIX = re.compile(r"[a-z][a-z0-9_:.\-]{0,39}")
+_PORT = re.compile(r"[0-9]{1,5}")
+# Durations beyond this are a mistake (and beyond what a timer or timedelta holds).
+_MAX_DURATION_SECONDS = 10 * 366 * 24 * 3600
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Problem:
+    """One thing wrong with ``BUMAIL_QUEUE``: the check id, the key, and what to do."""
+
+    id: str
+    key: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Route:
+    """Where mail for a domain goes: its MX hosts, or a smarthost."""
+
+    type: str
+    host: str | None = None
+    port: int | None = None
+    username: str | None = None
+    password: str | None = dataclasses.field(default=None, repr=False)
+    tls: str = "starttls"
+    tls_verify: bool = True
+    tls_required: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class QueueSettings:
+    """The validated ``BUMAIL_QUEUE``; see ``docs/settings.md`` for each field."""
+
+    store: str
+    database: str
+    redis_connection: str
+    redis_key_prefix: str
+    hostname: str
+    route: Route
+    routes: Mapping[str, Route]
+    mx_port: int
+    dns_nameservers: tuple[tuple[str, int], ...] | None
+    concurrency: int
+    domain_concurrency: int
+    lease_seconds: int
+    max_age: timedelta
+    delay_warning: timedelta
+    max_items: int | None
+    max_message_size: int
+
+    @property
+    def lease(self) -> timedelta:
+        """Return a claim's lease as a duration."""
+        return timedelta(seconds=self.lease_seconds)
+
+    def route_for(self, domain: str) -> Route:
+        """Return the route of a recipient domain: its ``ROUTES`` entry, else ``ROUTE``."""
+        return self.routes.get(normalise_domain(domain), self.route)
+
+
+def normalise_domain(domain: str) -> str:
+    """Return the form domains are compared in: lowercase A-labels, no trailing dot."""
+    domain = domain.rstrip(".").lower()
+    if domain.isascii():
+        return domain
+    try:
+        return domain.encode("idna").decode("ascii")
+    except UnicodeError:
+        return domain
+
+
+class _Validator:
+    """Collects every problem of one raw ``BUMAIL_QUEUE`` rather than stopping at the first."""
+
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+
+    def add(self, check_id: str, key: str, message: str) -> None:
+        self.problems.append(Problem(id=check_id, key=key, message=message))
+
+    def positive_int(self, raw: Mapping[str, Any], key: str, check_id: str, *, optional: bool = False) -> None:
+        value = raw.get(key, DEFAULTS[key])
+        if value is None and optional:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            allowed = "a whole number above 0" + (", or None" if optional else "")
+            self.add(check_id, key, f"BUMAIL_QUEUE['{key}'] must be {allowed}; got {value!r}.")
+
+    def duration(self, raw: Mapping[str, Any], key: str, check_id: str) -> None:
+        value = raw.get(key, DEFAULTS[key])
+        seconds = value.total_seconds() if isinstance(value, timedelta) else value
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not math.isfinite(seconds)
+            or not 0 < seconds <= _MAX_DURATION_SECONDS
+        ):
+            self.add(
+                check_id,
+                key,
+                f"BUMAIL_QUEUE['{key}'] must be a timedelta or a number of seconds above 0 and at most 10 years; got {value!r}.",
+            )
+
+    def route(self, value: Any, where: str) -> None:
+        if not isinstance(value, Mapping):
+            self.add("bumail_queue.E007", where, f"{where} must be a dict with a 'TYPE'; got {type(value).__name__}.")
+            return
+        route_type = value.get("TYPE")
+        if route_type not in ROUTE_TYPES:
+            self.add("bumail_queue.E007", where, f"{where}['TYPE'] must be one of {', '.join(map(repr, ROUTE_TYPES))}; got {route_type!r}.")
+            return
+        unknown = sorted(set(value) - _ROUTE_KEYS[route_type])
+        if unknown:
+            self.add("bumail_queue.E007", where, f"{where} has keys a {route_type!r} route does not take: {', '.join(unknown)} (allowed: {', '.join(sorted(_ROUTE_KEYS[route_type]))}).")
+        if route_type == "smarthost":
+            self._smarthost(value, where)
+        for flag in ("TLS_REQUIRED", "TLS_VERIFY"):
+            if flag in value and not isinstance(value[flag], bool):
+                self.add("bumail_queue.E007", where, f"{where}['{flag}'] must be True or False.")
+
+    def _smarthost(self, value: Mapping[str, Any], where: str) -> None:
+        host = value.get("HOST")
+        if not isinstance(host, str) or not host or not (_HOSTNAME.fullmatch(host) or _is_ip(host)):
+            self.add("bumail_queue.E007", where, f"{where}['HOST'] must be a host name or IP address; got {host!r}.")
+        port = value.get("PORT", 587)
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            self.add("bumail_queue.E007", where, f"{where}['PORT'] must be a port number from 1 to 65535; got {port!r}.")
+        tls = value.get("TLS", "starttls")
+        if tls not in TLS_MODES:
+            self.add("bumail_queue.E007", where, f"{where}['TLS'] must be one of {', '.join(map(repr, TLS_MODES))}; got {tls!r}.")
+        username, password = value.get("USERNAME"), value.get("PASSWORD")
+        if username is not None and not isinstance(username, str):
+            self.add("bumail_queue.E007", where, f"{where}['USERNAME'] must be a string.")
+        if password is not None and not isinstance(password, str):
+            # Never echo the value: it is a secret even when it has the wrong type.
+            self.add("bumail_queue.E007", where, f"{where}['PASSWORD'] must be a string.")
+        if (username is None) != (password is None):
+            self.add("bumail_queue.E007", where, f"{where} needs both 'USERNAME' and 'PASSWORD' for AUTH, or neither.")
+
+
+def _is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _parse_nameserver(value: str) -> tuple[str, int] | None:
+    host, port = value, 53
+    if value.startswith("["):  # [::1]:5353
+        host, _, rest = value[1:].partition("]")
+        if rest:
+            if not rest.startswith(":") or not _PORT.fullmatch(rest[1:]):
+                return None
+            port = int(rest[1:])
+    elif value.count(":") == 1:
+        host, _, port_text = value.partition(":")
+        if not _PORT.fullmatch(port_text):
+            return None
+        port = int(port_text)
+    if not _is_ip(host) or not 0 < port < 65536:
+        return None
+    return host, port
+
+
+def validate(raw: Any) -> list[Problem]:
+    """Return every problem of a raw ``BUMAIL_QUEUE`` value; empty when it is valid."""
+    check = _Validator()
+    if not isinstance(raw, Mapping):
+        check.add("bumail_queue.E001", "", f"BUMAIL_QUEUE must be a dict; got {type(raw).__name__}.")
+        return check.problems
+    for key in sorted(set(raw) - set(DEFAULTS)):
+        near = difflib.get_close_matches(str(key), DEFAULTS, n=1)
+        hint = f" Did you mean {near[0]!r}?" if near else f" Known keys: {', '.join(DEFAULTS)}."
+        check.add("bumail_queue.E002", str(key), f"BUMAIL_QUEUE has an unknown key {key!r}.{hint}")
+
+    store = raw.get("STORE", DEFAULTS["STORE"])
+    if not isinstance(store, str) or not store or (store not in BUILTIN_STORES and "." not in store):
+        check.add(
+            "bumail_queue.E003",
+            "STORE",
+            f"BUMAIL_QUEUE['STORE'] must be one of {', '.join(map(repr, BUILTIN_STORES))} or the dotted path of a QueueStore class; got {store!r}.",
+        )
+    database = raw.get("DATABASE", DEFAULTS["DATABASE"])
+    if not isinstance(database, str) or database not in django_settings.DATABASES:
+        check.add(
+            "bumail_queue.E004",
+            "DATABASE",
+            f"BUMAIL_QUEUE['DATABASE'] must name an alias of DATABASES ({', '.join(map(repr, django_settings.DATABASES))}); got {database!r}.",
+        )
+    if not isinstance(raw.get("REDIS_CONNECTION", DEFAULTS["REDIS_CONNECTION"]), str):
+        check.add("bumail_queue.E005", "REDIS_CONNECTION", "BUMAIL_QUEUE['REDIS_CONNECTION'] must name a CACHES alias.")
+    prefix = raw.get("REDIS_KEY_PREFIX", DEFAULTS["REDIS_KEY_PREFIX"])
+    if not isinstance(prefix, str) or not _REDIS_PREFIX.fullmatch(prefix):
+        check.add(
+            "bumail_queue.E005",
+            "REDIS_KEY_PREFIX",
+            "BUMAIL_QUEUE['REDIS_KEY_PREFIX'] must be 1 to 40 of lowercase letters, digits, '_', ':', '.' and '-', "
+            f"starting with a letter (no '{{' and no glob character); got {prefix!r}.",
+        )
+    hostname = raw.get("HOSTNAME")
+    if hostname is not None and (not isinstance(hostname, str) or not _HOSTNAME.fullmatch(hostname)):
+        check.add("bumail_queue.E006", "HOSTNAME", f"BUMAIL_QUEUE['HOSTNAME'] must be a host name (letters, digits, hyphens and dots), or None for socket.getfqdn(); got {hostname!r}.")
+
+    check.route(raw.get("ROUTE", DEFAULTS["ROUTE"]), "BUMAIL_QUEUE['ROUTE']")
+    routes = raw.get("ROUTES", DEFAULTS["ROUTES"])
+    if not isinstance(routes, Mapping):
+        check.add("bumail_queue.E007", "ROUTES", "BUMAIL_QUEUE['ROUTES'] must be a dict of recipient domain to route.")
+    else:
+        for domain, route in routes.items():
+            if not isinstance(domain, str) or not _HOSTNAME.fullmatch(normalise_domain(domain)):
+                check.add("bumail_queue.E007", "ROUTES", f"BUMAIL_QUEUE['ROUTES'] has a key that is not a domain: {domain!r}.")
+            check.route(route, f"BUMAIL_QUEUE['ROUTES'][{domain!r}]")
+
+    mx_port = raw.get("MX_PORT", DEFAULTS["MX_PORT"])
+    if isinstance(mx_port, bool) or not isinstance(mx_port, int) or not 0 < mx_port < 65536:
+        check.add("bumail_queue.E008", "MX_PORT", f"BUMAIL_QUEUE['MX_PORT'] must be a port number from 1 to 65535; got {mx_port!r}.")
+    nameservers = raw.get("DNS_NAMESERVERS")
+    if nameservers is not None and (
+        isinstance(nameservers, str)
+        or not isinstance(nameservers, list | tuple)
+        or not nameservers
+        or not all(isinstance(ns, str) and _parse_nameserver(ns) for ns in nameservers)
+    ):
+        check.add(
+            "bumail_queue.E009",
+            "DNS_NAMESERVERS",
+            f"BUMAIL_QUEUE['DNS_NAMESERVERS'] must be None or a non-empty list of 'ip' or 'ip:port' strings; got {nameservers!r}.",
+        )
+    for key in ("CONCURRENCY", "DOMAIN_CONCURRENCY", "LEASE_SECONDS"):
+        check.positive_int(raw, key, "bumail_queue.E010")
+    for key in ("MAX_AGE", "DELAY_WARNING"):
+        check.duration(raw, key, "bumail_queue.E011")
+    check.positive_int(raw, "MAX_ITEMS", "bumail_queue.E012", optional=True)
+    check.positive_int(raw, "MAX_MESSAGE_SIZE", "bumail_queue.E012")
+    return check.problems
+
+
+def _route_from(raw: Mapping[str, Any]) -> Route:
+    if raw["TYPE"] == "mx":
+        return Route(type="mx", tls_required=raw.get("TLS_REQUIRED", False))
+    tls = raw.get("TLS", "starttls")
+    return Route(
+        type="smarthost",
+        host=raw["HOST"],
+        port=raw.get("PORT", 465 if tls == "implicit" else 587),
+        username=raw.get("USERNAME"),
+        password=raw.get("PASSWORD"),
+        tls=tls,
+        tls_verify=raw.get("TLS_VERIFY", True),
+        tls_required=tls != "none",
+    )
+
+
+def _as_timedelta(value: timedelta | float) -> timedelta:
+    return value if isinstance(value, timedelta) else timedelta(seconds=value)
+
+
+def load(raw: Any) -> QueueSettings:
+    """Validate a raw ``BUMAIL_QUEUE`` and return it typed; raise on any problem."""
+    problems = validate(raw)
+    if problems:
+        lines = "\n".join(f"- {p.message} ({p.id})" for p in problems)
+        raise QueueConfigurationError(f"BUMAIL_QUEUE is not valid:\n{lines}")
+    values = {**DEFAULTS, **raw}
+    nameservers = values["DNS_NAMESERVERS"]
+    return QueueSettings(
+        store=values["STORE"],
+        database=values["DATABASE"],
+        redis_connection=values["REDIS_CONNECTION"],
+        redis_key_prefix=values["REDIS_KEY_PREFIX"],
+        hostname=values["HOSTNAME"] or socket.getfqdn(),
+        route=_route_from(values["ROUTE"]),
+        routes={normalise_domain(domain): _route_from(route) for domain, route in values["ROUTES"].items()},
+        mx_port=values["MX_PORT"],
+        dns_nameservers=None if nameservers is None else tuple(filter(None, map(_parse_nameserver, nameservers))),
+        concurrency=values["CONCURRENCY"],
+        domain_concurrency=values["DOMAIN_CONCURRENCY"],
+        lease_seconds=values["LEASE_SECONDS"],
+        max_age=_as_timedelta(values["MAX_AGE"]),
+        delay_warning=_as_timedelta(values["DELAY_WARNING"]),
+        max_items=values["MAX_ITEMS"],
+        max_message_size=values["MAX_MESSAGE_SIZE"],
+    )
+
+
+@functools.cache
+def get_settings() -> QueueSettings:
+    """Return the project's validated ``BUMAIL_QUEUE``, read once and cached."""
+    return load(getattr(django_settings, SETTING_NAME, {}))
+
+
+@receiver(setting_changed)
+def _reload(*, setting: str, **kwargs: Any) -> None:
+    # override_settings would otherwise leave the cached values, and the store built
+    # from them, in place (the limitation DRF's APISettings documents).
+    if setting in (SETTING_NAME, "DATABASES", "CACHES"):
+        get_settings.cache_clear()
+        from .stores import get_store
+
+        get_store.cache_clear()

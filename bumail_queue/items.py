@@ -1,0 +1,174 @@
+"""The store-neutral values: what an item is, whatever store keeps it.
+
+Stores exchange these frozen dataclasses, never model instances, so the service,
+the worker and the admin read an item the same way from the ORM or from Redis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+
+class RecipientStatus(enum.StrEnum):
+    """Where one recipient stands. ``delivered`` and ``failed`` are final."""
+
+    PENDING = "pending"
+    DEFERRED = "deferred"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+
+    @property
+    def is_final(self) -> bool:
+        """Return whether this status can no longer change."""
+        return self in (RecipientStatus.DELIVERED, RecipientStatus.FAILED)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Reply:
+    """The answer that decided a recipient's status.
+
+    ``code`` is the SMTP reply code, or ``None`` when no server answered (DNS, a
+    refused connection); ``status`` the enhanced status code (RFC 3463), ``"5.1.1"``.
+    """
+
+    code: int | None
+    status: str
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form a store keeps."""
+        return {"code": self.code, "status": self.status, "text": self.text}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Reply:
+        """Build a reply from its JSON form."""
+        code = data.get("code")
+        return cls(
+            code=None if code is None else int(code),
+            status=str(data["status"]),
+            text=str(data["text"]),
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Recipient:
+    """One recipient of an item and its own state."""
+
+    address: str
+    status: RecipientStatus = RecipientStatus.PENDING
+    reply: Reply | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form a store keeps."""
+        return {
+            "address": self.address,
+            "status": self.status.value,
+            "reply": None if self.reply is None else self.reply.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Recipient:
+        """Build a recipient from its JSON form."""
+        reply = data.get("reply")
+        return cls(
+            address=str(data["address"]),
+            status=RecipientStatus(data["status"]),
+            reply=None if reply is None else Reply.from_dict(reply),
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class QueueItem:
+    """An item in the queue: one message, its envelope, and each recipient's state.
+
+    ``next_attempt_at`` is when the item is next due; while a worker holds it, that
+    is the lease's expiry, so a crashed worker's items fall due by themselves.
+    """
+
+    id: str
+    sender: str
+    recipients: list[Recipient]
+    size: int
+    created_at: datetime
+    next_attempt_at: datetime
+    attempts: int = 0
+    delay_notified: bool = False
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
+    key: str | None = None
+
+    @property
+    def pending_recipients(self) -> list[Recipient]:
+        """Return the recipients whose status is not final yet."""
+        return [r for r in self.recipients if not r.status.is_final]
+
+    @property
+    def is_finished(self) -> bool:
+        """Return whether every recipient's status is final."""
+        return all(r.status.is_final for r in self.recipients)
+
+    def is_leased_at(self, now: datetime) -> bool:
+        """Return whether a lease holds the item at ``now``."""
+        return (
+            self.lease_owner is not None
+            and self.lease_expires_at is not None
+            and self.lease_expires_at > now
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class NewItem:
+    """What the service gives a store to add: the envelope, the message, the first due time."""
+
+    id: str
+    sender: str
+    recipients: Sequence[str]
+    message: bytes
+    created_at: datetime
+    next_attempt_at: datetime
+    key: str | None = None
+
+    @property
+    def size(self) -> int:
+        """Return the message's size in bytes."""
+        return len(self.message)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Outcome:
+    """What one attempt decided for one recipient."""
+
+    status: RecipientStatus
+    reply: Reply
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class AttemptResult:
+    """What a worker records after an attempt, in one step, while it holds the lease.
+
+    ``outcomes`` maps recipient addresses to what the attempt decided; recipients it
+    does not name keep their state, and a final status is never changed.
+    ``next_attempt_at`` is when the item falls due again if any recipient is left.
+    """
+
+    outcomes: Mapping[str, Outcome]
+    next_attempt_at: datetime
+    count_attempt: bool = True
+    delay_notified: bool | None = None
+
+    def apply_to(self, recipients: Sequence[Recipient]) -> list[Recipient]:
+        """Return ``recipients`` with this attempt's outcomes applied; final ones stay."""
+        updated = []
+        for recipient in recipients:
+            outcome = self.outcomes.get(recipient.address)
+            if outcome is None or recipient.status.is_final:
+                updated.append(recipient)
+            else:
+                updated.append(
+                    Recipient(address=recipient.address, status=outcome.status, reply=outcome.reply)
+                )
+        return updated

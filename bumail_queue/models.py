@@ -1,0 +1,97 @@
+"""The ORM store's tables: ``bumail_queue_items`` and ``bumail_queue_messages``.
+
+Read and change them through ``bumail_queue.queue`` (or a ``QueueStore``), never by
+raw updates: those would bypass the leases that keep two workers off one item.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from .items import QueueItem, Recipient
+
+
+class Item(models.Model):
+    """An item in the queue: one message, its envelope, each recipient's state."""
+
+    # ``seq`` orders items equally due (oldest first); ``id`` is the public handle.
+    seq = models.BigAutoField(primary_key=True)
+    id = models.UUIDField(_("id"), unique=True, editable=False)
+    # NULL rather than "" where there is no key or no lease: the unique index on key
+    # must admit any number of keyless items, and the claim tests "lease_owner IS NULL".
+    key = models.CharField(
+        _("idempotency key"), max_length=255, unique=True, null=True, blank=True, editable=False
+    )
+    sender = models.TextField(_("sender"), blank=True)
+    recipients = models.JSONField(_("recipients"), default=list)
+    size = models.PositiveBigIntegerField(_("size"))
+    created_at = models.DateTimeField(_("created at"))
+    next_attempt_at = models.DateTimeField(_("next attempt at"))
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    delay_notified = models.BooleanField(_("delay notified"), default=False)
+    lease_owner = models.CharField(_("lease owner"), max_length=255, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
+    # Bumped by every recorded outcome, so a worker whose read went stale retries.
+    rev = models.PositiveIntegerField(default=0, editable=False)
+
+    class Meta:
+        db_table = "bumail_queue_items"
+        verbose_name = _("queued item")
+        verbose_name_plural = _("queued items")
+        ordering = ("next_attempt_at", "seq")
+        indexes = (
+            # Serves the claim: the earliest due, then the oldest. A claim moves an
+            # item's next_attempt_at to its lease's expiry, so leased items leave the
+            # front of this index and a backlog of leases never slows the claim.
+            models.Index(fields=("next_attempt_at", "seq"), name="bumail_queue_items_due"),
+        )
+
+    def __str__(self) -> str:
+        return str(self.id)
+
+    def to_queue_item(self) -> QueueItem:
+        """Return the store-neutral ``QueueItem`` of this row."""
+        return item_from_row(self.__dict__)
+
+
+class Message(models.Model):
+    """The message of an item, byte for byte as enqueued; dropped with its item."""
+
+    item = models.OneToOneField(
+        Item,
+        on_delete=models.CASCADE,
+        primary_key=True,
+        to_field="id",
+        db_column="item_id",
+        related_name="message",
+    )
+    data = models.BinaryField(_("data"))
+
+    class Meta:
+        db_table = "bumail_queue_messages"
+        verbose_name = _("queued message")
+        verbose_name_plural = _("queued messages")
+
+    def __str__(self) -> str:
+        return str(self.item_id)
+
+
+def item_from_row(row: dict[str, Any]) -> QueueItem:
+    """Build a ``QueueItem`` from a row's column values (model ``__dict__`` or a raw row)."""
+    recipients = row["recipients"]
+    return QueueItem(
+        id=str(row["id"]),
+        sender=row["sender"],
+        recipients=[Recipient.from_dict(r) for r in recipients],
+        size=row["size"],
+        created_at=row["created_at"],
+        next_attempt_at=row["next_attempt_at"],
+        attempts=row["attempts"],
+        delay_notified=bool(row["delay_notified"]),
+        lease_owner=row["lease_owner"],
+        lease_expires_at=row["lease_expires_at"],
+        key=row["key"],
+    )

@@ -1,0 +1,132 @@
+"""The queue service: ``from bumail_queue import queue``."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from django.core.mail import EmailMessage
+from django.utils import timezone
+
+from . import mime
+from .conf import QueueSettings, get_settings
+from .errors import ErrorCode, QueueError
+from .items import NewItem, QueueItem
+from .stores import QueueStore, get_store
+from .text import require_keepable
+
+Clock = Callable[[], datetime]
+
+
+class QueueService:
+    """Enqueue mail and manage the queue, whatever store keeps it.
+
+    The store and settings are looked up at each call (both follow
+    ``override_settings``); pass them in to pin a service to one store.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: QueueStore | None = None,
+        settings: QueueSettings | None = None,
+        clock: Clock = timezone.now,
+    ) -> None:
+        self._store = store
+        self._settings = settings
+        self.clock = clock
+
+    @property
+    def store(self) -> QueueStore:
+        return self._store if self._store is not None else get_store()
+
+    @property
+    def settings(self) -> QueueSettings:
+        return self._settings if self._settings is not None else get_settings()
+
+    # -- enqueue ----------------------------------------------------------------------
+
+    def prepare(
+        self,
+        message: EmailMessage | bytes,
+        *,
+        sender: str | None = None,
+        recipients: Sequence[str] | None = None,
+        at: datetime | None = None,
+        key: str | None = None,
+        now: datetime | None = None,
+    ) -> NewItem:
+        """Check a message and build the item to add; nothing is written."""
+        settings = self.settings
+        now = now or self.clock()
+        if at is not None and (not isinstance(at, datetime) or timezone.is_naive(at)):
+            raise QueueError(ErrorCode.INVALID, "'at' must be an aware datetime (USE_TZ); got a naive one or another type.")
+        if key is not None:
+            if not isinstance(key, str) or not 0 < len(key) <= 255:
+                raise QueueError(ErrorCode.INVALID, "'key' must be a string of 1 to 255 characters.")
+            require_keepable(key, "idempotency key")
+        if isinstance(message, EmailMessage):
+            prepared = mime.from_email_message(message, sender=sender, recipients=recipients, hostname=settings.hostname, now=now)
+        else:
+            prepared = mime.from_bytes(message, sender=sender, recipients=recipients, hostname=settings.hostname, now=now)
+        if len(prepared.data) > settings.max_message_size:
+            raise QueueError(
+                ErrorCode.TOO_LARGE,
+                f"The message is {len(prepared.data)} bytes; MAX_MESSAGE_SIZE is {settings.max_message_size}.",
+            )
+        return NewItem(
+            id=str(uuid.uuid4()),
+            sender=prepared.sender,
+            recipients=prepared.recipients,
+            message=prepared.data,
+            created_at=now,
+            next_attempt_at=max(at, now) if at is not None else now,
+            key=key,
+        )
+
+    def enqueue(
+        self,
+        message: EmailMessage | bytes,
+        *,
+        sender: str | None = None,
+        recipients: Sequence[str] | None = None,
+        at: datetime | None = None,
+        key: str | None = None,
+    ) -> QueueItem:
+        """Queue one message; return its item (the existing one for a known ``key``)."""
+        item = self.prepare(message, sender=sender, recipients=recipients, at=at, key=key)
+        return self.store.add(item, max_items=self.settings.max_items)
+
+    def enqueue_many(self, messages: Sequence[EmailMessage | bytes]) -> list[QueueItem]:
+        """Queue several messages in one step: all of them, or none."""
+        now = self.clock()
+        items = [self.prepare(message, now=now) for message in messages]
+        return self.store.add_many(items, max_items=self.settings.max_items)
+
+    # -- the queue --------------------------------------------------------------------
+
+    def get(self, id: str) -> QueueItem | None:
+        """Return the item, or ``None``."""
+        return self.store.get(str(id))
+
+    def list(self, *, offset: int = 0, limit: int = 100) -> list[QueueItem]:
+        """Return a page of items, earliest due first."""
+        if offset < 0 or limit < 0:
+            raise QueueError(ErrorCode.INVALID, "'offset' and 'limit' must be 0 or more.")
+        return self.store.list(offset=offset, limit=limit)
+
+    def count(self) -> int:
+        """Return how many items are queued."""
+        return self.store.count()
+
+    def retry_now(self, id: str) -> bool:
+        """Make the item due now; ``True`` if it was in the queue."""
+        return self.store.reschedule(str(id), at=self.clock())
+
+    def cancel(self, id: str) -> QueueItem | None:
+        """Drop the item and its message, with no DSN; return it as it stood."""
+        return self.store.cancel(str(id))
+
+
+queue = QueueService()

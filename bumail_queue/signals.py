@@ -1,0 +1,35 @@
+"""The queue's signals, sent with ``send_robust`` once an outcome is recorded.
+
+For one attempt the order is: a ``MESSAGE_UNREADABLE`` ``error``, each recipient's
+``delivered`` / ``deferred`` / ``failed``, then the ``dsn`` signals. A receiver that
+raises is logged and ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.dispatch import Signal
+
+logger = logging.getLogger(__name__)
+
+#: A recipient was delivered. kwargs: ``item_id``, ``recipient``, ``reply``.
+delivered = Signal()
+#: A recipient was deferred. kwargs: ``item_id``, ``recipient``, ``reply``, ``next_attempt_at``.
+deferred = Signal()
+#: A recipient failed for good. kwargs: ``item_id``, ``recipient``, ``reply``.
+failed = Signal()
+#: A DSN was queued. kwargs: ``kind`` (``"failed"``/``"delayed"``), ``dsn_id``, ``of``, ``to``, ``recipients``.
+dsn = Signal()
+#: Something went wrong beside an outcome. kwargs: ``error``, ``item_id`` (or ``None``).
+error = Signal()
+
+
+def send(signal: Signal, **kwargs: Any) -> None:
+    """Send ``signal`` robustly: a receiver's exception is logged, never raised."""
+    for receiver, result in signal.send_robust(sender=signal, **kwargs):
+        if isinstance(result, Exception):
+            logger.error(
+                "signal receiver failed receiver=%r", receiver, exc_info=(type(result), result, result.__traceback__)
+            )

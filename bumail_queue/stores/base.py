@@ -1,0 +1,147 @@
+"""The store contract: what every queue store promises, whatever keeps the items.
+
+Every store runs the same contract suite (``tests/stores/contract.py``). Its promises:
+
+- ``claim`` is atomic: two claimers, in any process, never get the same item; an item
+  whose lease expired is claimable again. A claimed item's ``next_attempt_at`` becomes
+  its lease's expiry, so leased items leave the due range and a crashed worker's items
+  fall due by themselves.
+- ``complete``, ``renew`` and ``reschedule`` with an owner act only for the lease's
+  owner. ``complete`` applies the outcomes, the schedule and the count, and lets go of
+  the lease in one step; a final recipient status never changes; an item whose every
+  recipient is final is dropped with its message.
+- ``add`` never makes an item claimable before its message is readable.
+- ``read_message`` returns ``None`` for a message the store lost, never raises for it.
+- Times come from the caller: a store keeps no clock.
+- Nothing returned is shared with what the store keeps.
+- Text kept holds no NUL and no lone surrogate: such input is ``INVALID``, and an id
+  holding one is an id no item has.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any, ClassVar
+
+from django.core.checks import CheckMessage
+
+from bumail_queue.conf import QueueSettings
+from bumail_queue.errors import ErrorCode, QueueError
+from bumail_queue.items import AttemptResult, NewItem, QueueItem
+from bumail_queue.text import is_keepable, require_keepable
+
+
+class QueueStore(abc.ABC):
+    """Keeps the queue: items, their messages, and the leases of the workers."""
+
+    supports_transactional_enqueue: ClassVar[bool] = False
+    """Whether ``add`` joins the caller's database transaction (the ORM store does)."""
+
+    durable: ClassVar[bool] = True
+    """Whether what is added survives the process (the memory store's does not)."""
+
+    def __init__(self, settings: QueueSettings) -> None:
+        self.settings = settings
+
+    @abc.abstractmethod
+    def add_many(self, items: Sequence[NewItem], *, max_items: int | None = None) -> list[QueueItem]:
+        """Add items and their messages in one step: all of them, or none.
+
+        An item whose ``key`` is already in the queue is not added; the item holding
+        that key is returned in its place. Raise ``QueueError(FULL)`` when the new
+        items would take the queue beyond ``max_items``.
+        """
+
+    def add(self, item: NewItem, *, max_items: int | None = None) -> QueueItem:
+        """Add one item and its message; see ``add_many``."""
+        return self.add_many([item], max_items=max_items)[0]
+
+    @abc.abstractmethod
+    def get(self, item_id: str) -> QueueItem | None:
+        """Return the item, or ``None``."""
+
+    @abc.abstractmethod
+    def list(self, *, offset: int = 0, limit: int = 100) -> list[QueueItem]:
+        """Return a page of items, earliest due first, then oldest first."""
+
+    @abc.abstractmethod
+    def count(self) -> int:
+        """Return how many items the queue holds."""
+
+    @abc.abstractmethod
+    def read_message(self, item_id: str) -> bytes | None:
+        """Return the message's bytes as enqueued, or ``None`` when there are none."""
+
+    @abc.abstractmethod
+    def claim(self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1) -> list[QueueItem]:
+        """Lease up to ``limit`` items due at ``now`` to ``owner`` until ``lease_until``.
+
+        The earliest due come first, then the oldest; an item is due when its
+        ``next_attempt_at`` has passed and no unexpired lease holds it.
+        """
+
+    @abc.abstractmethod
+    def renew(self, item_id: str, *, owner: str, lease_until: datetime) -> bool:
+        """Extend ``owner``'s lease; ``False`` when the owner no longer holds it."""
+
+    @abc.abstractmethod
+    def complete(self, item_id: str, *, owner: str, result: AttemptResult) -> QueueItem | None:
+        """Record an attempt's outcome and let go of the lease, in one step.
+
+        Return the item as recorded (dropped, with its message, when every recipient is
+        final), or ``None`` when the item is no longer in the queue. Raise
+        ``QueueError(LEASE_LOST)`` when ``owner`` does not hold the lease: then nothing
+        is recorded.
+        """
+
+    @abc.abstractmethod
+    def reschedule(self, item_id: str, *, at: datetime, owner: str | None = None) -> bool:
+        """Make the item due at ``at``; ``True`` when it moved.
+
+        With an ``owner``, only while that owner holds the lease, which it lets go of
+        (how a stopping worker gives back what it claimed); without one, a lease stays.
+        """
+
+    @abc.abstractmethod
+    def cancel(self, item_id: str) -> QueueItem | None:
+        """Drop the item and its message; return it as it stood, or ``None``."""
+
+    def check(self, **kwargs: Any) -> Iterable[CheckMessage]:
+        """Return the system check messages about this store's set-up."""
+        return []
+
+    # Helpers every store uses to hold the text promises the same way.
+
+    @staticmethod
+    def validate_new(item: NewItem) -> None:
+        """Refuse an item holding text no store can keep (``INVALID``)."""
+        require_keepable(item.id, "item id")
+        require_keepable(item.sender, "sender")
+        for address in item.recipients:
+            require_keepable(address, "recipient")
+        if item.key is not None:
+            require_keepable(item.key, "idempotency key")
+        if not item.recipients:
+            raise QueueError(ErrorCode.INVALID, "An item needs at least one recipient.")
+
+    @staticmethod
+    def validate_owner(owner: str) -> str:
+        """Refuse an empty owner, or one holding text no store can keep (``INVALID``)."""
+        if not owner:
+            raise QueueError(ErrorCode.INVALID, "A lease owner must be a non-empty name.")
+        return require_keepable(owner, "lease owner")
+
+    @staticmethod
+    def validate_result(result: AttemptResult) -> None:
+        """Refuse outcomes holding text no store can keep (``INVALID``)."""
+        for address, outcome in result.outcomes.items():
+            require_keepable(address, "recipient")
+            require_keepable(outcome.reply.text, "reply text")
+            require_keepable(outcome.reply.status, "reply status")
+
+    @staticmethod
+    def is_known_id(item_id: str) -> bool:
+        """Return whether ``item_id`` could be an item's: ids holding a NUL are none."""
+        return isinstance(item_id, str) and bool(item_id) and is_keepable(item_id)

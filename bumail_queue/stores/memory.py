@@ -1,0 +1,164 @@
+"""A store in this process's memory: for tests of code above the store, never durable."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+from collections.abc import Sequence
+from datetime import datetime
+
+from bumail_queue.errors import ErrorCode, QueueError
+from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
+
+from .base import QueueStore
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class _Entry:
+    seq: int
+    item: QueueItem
+    message: bytes | None
+
+
+class MemoryStore(QueueStore):
+    """Keeps the queue in a dict behind one lock; ``QueueItem`` is frozen, so nothing leaks."""
+
+    durable = False
+
+    def __init__(self, settings: object = None) -> None:
+        super().__init__(settings)  # type: ignore[arg-type]
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Entry] = {}
+        self._seq = itertools.count(1)
+
+    @staticmethod
+    def _copy(item: QueueItem) -> QueueItem:
+        # The dataclass is frozen, but its recipients list is not: hand out a copy.
+        return dataclasses.replace(item, recipients=list(item.recipients))
+
+    def _ordered(self) -> list[_Entry]:
+        return sorted(self._entries.values(), key=lambda e: (e.item.next_attempt_at, e.seq))
+
+    def add_many(self, items: Sequence[NewItem], *, max_items: int | None = None) -> list[QueueItem]:
+        for new in items:
+            self.validate_new(new)
+        with self._lock:
+            by_key = {e.item.key: e.item for e in self._entries.values() if e.item.key is not None}
+            fresh_keys = {new.key for new in items if new.key is not None and new.key not in by_key}
+            fresh = [new for new in items if new.key is None] + list(fresh_keys)
+            if max_items is not None and len(self._entries) + len(fresh) > max_items:
+                raise QueueError(ErrorCode.FULL, f"The queue is full: it holds {len(self._entries)} items and MAX_ITEMS is {max_items}.")
+            added = []
+            for new in items:
+                if new.key is not None and new.key in by_key:
+                    added.append(self._copy(by_key[new.key]))
+                    continue
+                item = QueueItem(
+                    id=new.id,
+                    sender=new.sender,
+                    recipients=[Recipient(address=a) for a in new.recipients],
+                    size=new.size,
+                    created_at=new.created_at,
+                    next_attempt_at=new.next_attempt_at,
+                    key=new.key,
+                )
+                self._entries[new.id] = _Entry(seq=next(self._seq), item=item, message=bytes(new.message))
+                if new.key is not None:
+                    by_key[new.key] = item
+                added.append(self._copy(item))
+            return added
+
+    def get(self, item_id: str) -> QueueItem | None:
+        with self._lock:
+            entry = self._entries.get(item_id)
+            return None if entry is None else self._copy(entry.item)
+
+    def list(self, *, offset: int = 0, limit: int = 100) -> list[QueueItem]:
+        with self._lock:
+            return [self._copy(e.item) for e in self._ordered()[offset : offset + limit]]
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def read_message(self, item_id: str) -> bytes | None:
+        with self._lock:
+            entry = self._entries.get(item_id)
+            return None if entry is None or entry.message is None else bytes(entry.message)
+
+    def lose_message(self, item_id: str) -> None:
+        """Forget an item's message while keeping the item (for tests of that path)."""
+        with self._lock:
+            self._entries[item_id].message = None
+
+    def claim(self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1) -> list[QueueItem]:
+        self.validate_owner(owner)
+        with self._lock:
+            claimed = []
+            for entry in self._ordered():
+                if len(claimed) >= limit or entry.item.next_attempt_at > now:
+                    break
+                if entry.item.is_leased_at(now):
+                    continue
+                entry.item = dataclasses.replace(
+                    entry.item, lease_owner=owner, lease_expires_at=lease_until, next_attempt_at=lease_until
+                )
+                claimed.append(self._copy(entry.item))
+            return claimed
+
+    def _held(self, item_id: str, owner: str) -> _Entry | None:
+        entry = self._entries.get(item_id) if self.is_known_id(item_id) else None
+        return entry if entry is not None and entry.item.lease_owner == owner else None
+
+    def renew(self, item_id: str, *, owner: str, lease_until: datetime) -> bool:
+        self.validate_owner(owner)
+        with self._lock:
+            entry = self._held(item_id, owner)
+            if entry is None:
+                return False
+            entry.item = dataclasses.replace(entry.item, lease_expires_at=lease_until, next_attempt_at=lease_until)
+            return True
+
+    def complete(self, item_id: str, *, owner: str, result: AttemptResult) -> QueueItem | None:
+        self.validate_owner(owner)
+        self.validate_result(result)
+        with self._lock:
+            entry = self._entries.get(item_id) if self.is_known_id(item_id) else None
+            if entry is None:
+                return None
+            if entry.item.lease_owner != owner:
+                raise QueueError(ErrorCode.LEASE_LOST, f"The lease on item {item_id} is no longer held by {owner!r}; nothing was recorded.", item_id=item_id)
+            item = entry.item
+            entry.item = dataclasses.replace(
+                item,
+                recipients=result.apply_to(item.recipients),
+                next_attempt_at=result.next_attempt_at,
+                attempts=item.attempts + (1 if result.count_attempt else 0),
+                delay_notified=item.delay_notified if result.delay_notified is None else result.delay_notified,
+                lease_owner=None,
+                lease_expires_at=None,
+            )
+            if entry.item.is_finished:
+                del self._entries[item_id]
+            return self._copy(entry.item)
+
+    def reschedule(self, item_id: str, *, at: datetime, owner: str | None = None) -> bool:
+        if owner is not None:
+            self.validate_owner(owner)
+        with self._lock:
+            entry = self._entries.get(item_id) if self.is_known_id(item_id) else None
+            if entry is None:
+                return False
+            if owner is None:
+                entry.item = dataclasses.replace(entry.item, next_attempt_at=at)
+                return True
+            if entry.item.lease_owner != owner:
+                return False
+            entry.item = dataclasses.replace(entry.item, next_attempt_at=at, lease_owner=None, lease_expires_at=None)
+            return True
+
+    def cancel(self, item_id: str) -> QueueItem | None:
+        with self._lock:
+            entry = self._entries.pop(item_id, None) if self.is_known_id(item_id) else None
+            return None if entry is None else self._copy(entry.item)

@@ -1,0 +1,521 @@
+"""The ORM store: the queue in the project's own database (SQLite or PostgreSQL).
+
+Reads go through the ORM. Writes that must be one step (a claim, an outcome, a
+cancel) are single SQL statements with ``RETURNING``, so each is one round trip:
+
+- a claim on PostgreSQL picks the earliest due items with ``FOR UPDATE SKIP LOCKED``
+  and leases them in the same ``UPDATE``: no worker waits on another's rows;
+- on SQLite the same ``UPDATE`` is a compare-and-set under SQLite's write lock, and
+  re-checks that the lease is free, so two processes on one file never share an item;
+- writes run at READ COMMITTED whatever the connection's default, since ``SKIP
+  LOCKED`` and the ``MAX_ITEMS`` lock need that level;
+- an enqueue joins the caller's transaction: a view that rolls back queues nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from django.core import checks
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    ProgrammingError,
+    connections,
+    transaction,
+)
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils.dateparse import parse_datetime
+
+from bumail_queue.errors import ErrorCode, QueueError
+from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
+from bumail_queue.models import Item, Message, item_from_row
+
+from .base import QueueStore
+
+SUPPORTED_VENDORS = ("postgresql", "sqlite")
+# Serialises adds that count against MAX_ITEMS across every process (pg_advisory_xact_lock).
+_MAX_ITEMS_LOCK = 0x62756D61696C  # "bumail"
+# How often complete() re-reads an item whose outcome another write changed meanwhile.
+_COMPLETE_TRIES = 8
+# How often an add retries when the item holding its key leaves meanwhile.
+_KEY_RACES = 3
+# How often a SQLite claim that lost every item it read to another process reads again.
+_CLAIM_RACES = 50
+
+_COLUMNS = (
+    "id", "key", "sender", "recipients", "size", "created_at", "next_attempt_at",
+    "attempts", "delay_notified", "lease_owner", "lease_expires_at",
+)  # fmt: skip
+_INSERT_COLUMNS = ("id", "key", "sender", "recipients", "size", "created_at", "next_attempt_at", "attempts", "delay_notified", "rev")
+
+# Whether a physical connection's default isolation is READ COMMITTED, asked once.
+_read_committed_by_connection: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+class ORMStore(QueueStore):
+    """Keeps the queue in ``bumail_queue_items`` / ``bumail_queue_messages`` of ``DATABASE``."""
+
+    supports_transactional_enqueue = True
+
+    def __init__(self, settings: Any) -> None:
+        super().__init__(settings)
+        self.alias: str = settings.database
+        self._items = Item._meta.db_table
+        self._messages = Message._meta.db_table
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    @property
+    def connection(self) -> BaseDatabaseWrapper:
+        return connections[self.alias]
+
+    def _q(self, name: str) -> str:
+        return self.connection.ops.quote_name(name)
+
+    def _table(self, name: str) -> str:
+        return self._q(name)
+
+    def _prep(self, column: str, value: Any) -> Any:
+        field = Item._meta.get_field(column)
+        return field.get_db_prep_save(value, self.connection)  # type: ignore[union-attr]
+
+    def _prep_id(self, item_id: str) -> Any | None:
+        """Return the id as the database keeps it, or ``None`` for an id no item has."""
+        if not self.is_known_id(item_id):
+            return None
+        try:
+            parsed = uuid.UUID(item_id)
+        except (ValueError, TypeError, AttributeError):
+            return None
+        return self._prep("id", parsed)
+
+    def _prep_time(self, value: datetime) -> Any:
+        return self.connection.ops.adapt_datetimefield_value(value)
+
+    def _select_list(self, alias: str = "") -> str:
+        prefix = f"{alias}." if alias else ""
+        return ", ".join(prefix + self._q(c) for c in _COLUMNS)
+
+    def _row_to_item(self, row: Sequence[Any]) -> QueueItem:
+        values = dict(zip(_COLUMNS, row, strict=False))
+        # Raw rows skip the ORM's converters; SQLite gives text, psycopg gives objects.
+        if isinstance(values["id"], str):
+            values["id"] = uuid.UUID(values["id"])
+        if isinstance(values["recipients"], str | bytes):
+            values["recipients"] = json.loads(values["recipients"])
+        for column in ("created_at", "next_attempt_at", "lease_expires_at"):
+            values[column] = _aware(values[column])
+        return item_from_row(values)
+
+    @contextmanager
+    def _translated_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except (OperationalError, InterfaceError, ProgrammingError) as error:
+            # A missing table is a ProgrammingError on PostgreSQL, an OperationalError on SQLite.
+            raise QueueError(
+                ErrorCode.STORE_UNAVAILABLE,
+                f"The queue's database {self.alias!r} could not be used (has manage.py migrate run?): "
+                f"{_first_line(error)}",
+            ) from error
+
+    def _default_is_read_committed(self) -> bool:
+        connection = self.connection
+        if connection.vendor != "postgresql":
+            return True
+        connection.ensure_connection()
+        raw = connection.connection
+        known = _read_committed_by_connection.get(raw)
+        if known is None:
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW default_transaction_isolation")
+                known = cursor.fetchone()[0] == "read committed"
+            _read_committed_by_connection[raw] = known
+        return known
+
+    @contextmanager
+    def _writing(self, *, single_statement: bool = False) -> Iterator[Any]:
+        """Yield a cursor for a write, in a transaction at READ COMMITTED.
+
+        Inside the caller's transaction the write joins it (under a savepoint when it
+        takes several statements, so a refused add leaves the caller's work alone). A
+        single statement outside one needs no transaction of its own when the
+        connection already defaults to READ COMMITTED: one round trip, not four.
+        """
+        connection = self.connection
+        with self._translated_errors():
+            if connection.in_atomic_block:
+                if single_statement:
+                    with connection.cursor() as cursor:
+                        yield cursor
+                else:
+                    with transaction.atomic(using=self.alias), connection.cursor() as cursor:
+                        yield cursor
+            elif single_statement and self._default_is_read_committed():
+                with connection.cursor() as cursor:
+                    yield cursor
+            else:
+                with transaction.atomic(using=self.alias), connection.cursor() as cursor:
+                    if connection.vendor == "postgresql":
+                        cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE")
+                    yield cursor
+
+    # -- adding -----------------------------------------------------------------------
+
+    def _insert_values(self, new: NewItem) -> list[Any]:
+        recipients = [Recipient(address=a).to_dict() for a in new.recipients]
+        values = {
+            "id": uuid.UUID(new.id),
+            "key": new.key,
+            "sender": new.sender,
+            "recipients": recipients,
+            "size": new.size,
+            "created_at": new.created_at,
+            "next_attempt_at": new.next_attempt_at,
+            "attempts": 0,
+            "delay_notified": False,
+            "rev": 0,
+        }
+        return [self._prep(column, values[column]) for column in _INSERT_COLUMNS]
+
+    def _insert_sql(self, rows: int) -> str:
+        row = "(" + ", ".join(["%s"] * len(_INSERT_COLUMNS)) + ")"
+        return (
+            f"INSERT INTO {self._table(self._items)} ({', '.join(map(self._q, _INSERT_COLUMNS))}) "
+            f"VALUES {', '.join([row] * rows)} "
+            f"ON CONFLICT ({self._q('key')}) DO NOTHING RETURNING {self._select_list()}"
+        )
+
+    def add_many(self, items: Sequence[NewItem], *, max_items: int | None = None) -> list[QueueItem]:
+        if not items:
+            return []
+        for new in items:
+            self.validate_new(new)
+        if len(items) == 1 and max_items is None and self.connection.vendor == "postgresql":
+            return [self._add_one_statement(items[0])]
+        return self._add_in_transaction(items, max_items)
+
+    def _add_one_statement(self, new: NewItem) -> QueueItem:
+        # The item and its message in one statement: one round trip, atomic by itself.
+        message_sql = (
+            f"INSERT INTO {self._table(self._messages)} ({self._q('item_id')}, {self._q('data')}) "
+            f"SELECT {self._q('id')}, %s FROM new_item"
+        )
+        sql = f"WITH new_item AS ({self._insert_sql(1)}), new_message AS ({message_sql}) SELECT * FROM new_item"
+        params = [*self._insert_values(new), self.connection.Database.Binary(new.message)]
+        for _ in range(_KEY_RACES):
+            with self._writing(single_statement=True) as cursor:
+                cursor.execute(sql, params)
+                row = cursor.fetchone()
+            if row is not None:
+                return self._row_to_item(row)
+            # The key is taken: return its item, unless that item left the queue
+            # between the two statements, in which case the key is free again.
+            existing = self._get_by_keys([new.key]).get(new.key)  # type: ignore[list-item, arg-type]
+            if existing is not None:
+                return existing
+        raise _key_race(new)
+
+    def _add_in_transaction(self, items: Sequence[NewItem], max_items: int | None, *, _depth: int = 0) -> list[QueueItem]:
+        by_id: dict[str, QueueItem] = {}
+        with self._writing() as cursor:
+            if max_items is not None and self.connection.vendor == "postgresql":
+                # Every add that counts waits here, so two never take the last place.
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_MAX_ITEMS_LOCK])
+            # SQLite: the first INSERT takes the database's write lock, which the count
+            # below then reads under, so concurrent adds are serialised there too.
+            for start in range(0, len(items), 500):
+                chunk = items[start : start + 500]
+                cursor.execute(self._insert_sql(len(chunk)), [v for new in chunk for v in self._insert_values(new)])
+                for row in cursor.fetchall():
+                    item = self._row_to_item(row)
+                    by_id[item.id] = item
+            inserted = [new for new in items if new.id in by_id]
+            if inserted:
+                Message.objects.using(self.alias).bulk_create(
+                    [Message(item_id=uuid.UUID(new.id), data=new.message) for new in inserted]
+                )
+            if max_items is not None:
+                cursor.execute(f"SELECT COUNT(*) FROM {self._table(self._items)}")
+                total = cursor.fetchone()[0]
+                if total > max_items:
+                    raise QueueError(
+                        ErrorCode.FULL,
+                        f"The queue is full: MAX_ITEMS is {max_items} and adding {len(inserted)} would make {total}.",
+                    )
+        missing = [new for new in items if new.id not in by_id]
+        existing = self._get_by_keys(new.key for new in missing) if missing else {}  # type: ignore[misc]
+        gone = [new for new in missing if new.key not in existing]
+        if gone:
+            # Their keys' items left the queue between the statements: add them anew.
+            if _depth >= _KEY_RACES:
+                raise _key_race(gone[0])
+            for item in self._add_in_transaction(gone, max_items, _depth=_depth + 1):
+                by_id[item.id] = item
+                existing[item.key] = item  # type: ignore[index]
+        return [by_id[new.id] if new.id in by_id else existing[new.key] for new in items]  # type: ignore[index]
+
+    def _get_by_keys(self, keys: Iterable[str]) -> dict[str, QueueItem]:
+        with self._translated_errors():
+            rows = Item.objects.using(self.alias).filter(key__in=list(keys))
+            return {row.key: row.to_queue_item() for row in rows}  # type: ignore[misc]
+
+    # -- reading ----------------------------------------------------------------------
+
+    def get(self, item_id: str) -> QueueItem | None:
+        key = self._prep_id(item_id)
+        if key is None:
+            return None
+        with self._translated_errors():
+            row = Item.objects.using(self.alias).filter(id=uuid.UUID(item_id)).first()
+        return None if row is None else row.to_queue_item()
+
+    def list(self, *, offset: int = 0, limit: int = 100) -> list[QueueItem]:
+        with self._translated_errors():
+            rows = Item.objects.using(self.alias).order_by("next_attempt_at", "seq")[offset : offset + limit]
+            return [row.to_queue_item() for row in rows]
+
+    def count(self) -> int:
+        with self._translated_errors():
+            return Item.objects.using(self.alias).count()
+
+    def read_message(self, item_id: str) -> bytes | None:
+        if self._prep_id(item_id) is None:
+            return None
+        with self._translated_errors():
+            data = Message.objects.using(self.alias).filter(item_id=uuid.UUID(item_id)).values_list("data", flat=True).first()
+        return None if data is None else bytes(data)
+
+    # -- leases and outcomes ----------------------------------------------------------
+
+    def claim(self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1) -> list[QueueItem]:
+        self.validate_owner(owner)
+        if limit < 1:
+            return []
+        until, at = self._prep_time(lease_until), self._prep_time(now)
+        if self.connection.vendor == "postgresql":
+            rows = self._claim_skip_locked(owner, until, at, limit)
+        else:
+            rows = self._claim_compare_and_set(owner, until, at, limit)
+        rows.sort(key=lambda row: (_aware(row[0]), row[1]))
+        return [self._row_to_item(row[2:]) for row in rows]
+
+    def _due_sql(self, *, lock: str = "") -> str:
+        items, q = self._table(self._items), self._q
+        return (
+            f"SELECT {q('seq')} AS due_seq, {q('next_attempt_at')} AS due_at FROM {items} "
+            f"WHERE {q('next_attempt_at')} <= %s AND ({q('lease_owner')} IS NULL OR {q('lease_expires_at')} <= %s) "
+            f"ORDER BY {q('next_attempt_at')}, {q('seq')} LIMIT %s{lock}"
+        )
+
+    def _lease_sql(self) -> str:
+        # The lease doubles as the retry time: a leased item's next_attempt_at is its
+        # lease's expiry, so it leaves the front of the due index (a backlog of leases
+        # never slows a claim) and falls due by itself if its worker dies.
+        q = self._q
+        return (
+            f"UPDATE {self._table(self._items)} SET {q('lease_owner')} = %s, {q('lease_expires_at')} = %s, "
+            f"{q('next_attempt_at')} = %s"
+        )
+
+    def _claim_skip_locked(self, owner: str, until: Any, at: Any, limit: int) -> list[Any]:
+        # One statement: the due rows are locked as they are picked, and rows another
+        # claimer holds are skipped, so no worker waits on another's items.
+        items, q = self._table(self._items), self._q
+        sql = (
+            f"{self._lease_sql()} FROM ({self._due_sql(lock=' FOR UPDATE SKIP LOCKED')}) AS due "
+            f"WHERE {items}.{q('seq')} = due.due_seq "
+            f"RETURNING due.due_at, {items}.{q('seq')}, {self._select_list(items)}"
+        )
+        with self._writing(single_statement=True) as cursor:
+            cursor.execute(sql, [owner, until, until, at, at, limit])
+            return list(cursor.fetchall())
+
+    def _claim_compare_and_set(self, owner: str, until: Any, at: Any, limit: int) -> list[Any]:
+        # SQLite has no row locks: read the due items, then lease only those still due
+        # and free. The UPDATE runs under SQLite's write lock, so of two processes that
+        # read the same items, the second finds them leased and takes none of them; it
+        # then reads again, so a lost race never reads as an empty queue.
+        q = self._q
+        for _ in range(_CLAIM_RACES):
+            with self._translated_errors(), self.connection.cursor() as cursor:
+                cursor.execute(self._due_sql(), [at, at, limit])
+                due = dict(cursor.fetchall())
+            if not due:
+                return []
+            sql = (
+                f"{self._lease_sql()} WHERE {q('seq')} IN ({', '.join(['%s'] * len(due))}) "
+                f"AND {q('next_attempt_at')} <= %s AND ({q('lease_owner')} IS NULL OR {q('lease_expires_at')} <= %s) "
+                f"RETURNING {q('seq')}, {self._select_list()}"
+            )
+            with self._writing(single_statement=True) as cursor:
+                cursor.execute(sql, [owner, until, until, *due, at, at])
+                rows = [(due[row[0]], *row) for row in cursor.fetchall()]
+            if rows:
+                return rows
+        return []
+
+    def renew(self, item_id: str, *, owner: str, lease_until: datetime) -> bool:
+        self.validate_owner(owner)
+        key = self._prep_id(item_id)
+        if key is None:
+            return False
+        q, until = self._q, self._prep_time(lease_until)
+        sql = (
+            f"UPDATE {self._table(self._items)} SET {q('lease_expires_at')} = %s, {q('next_attempt_at')} = %s "
+            f"WHERE {q('id')} = %s AND {q('lease_owner')} = %s"
+        )
+        with self._writing(single_statement=True) as cursor:
+            cursor.execute(sql, [until, until, key, owner])
+            return bool(cursor.rowcount == 1)
+
+    def _read_for_complete(self, key: Any) -> tuple[QueueItem, int] | None:
+        sql = f"SELECT {self._select_list()}, {self._q('rev')} FROM {self._table(self._items)} WHERE {self._q('id')} = %s"
+        with self._translated_errors(), self.connection.cursor() as cursor:
+            cursor.execute(sql, [key])
+            row = cursor.fetchone()
+        return None if row is None else (self._row_to_item(row[:-1]), row[-1])
+
+    def complete(self, item_id: str, *, owner: str, result: AttemptResult) -> QueueItem | None:
+        self.validate_owner(owner)
+        self.validate_result(result)
+        key = self._prep_id(item_id)
+        if key is None:
+            return None
+        for _ in range(_COMPLETE_TRIES):
+            read = self._read_for_complete(key)
+            if read is None:
+                return None
+            item, rev = read
+            if item.lease_owner != owner:
+                break
+            recorded = dataclasses.replace(
+                item,
+                recipients=result.apply_to(item.recipients),
+                next_attempt_at=result.next_attempt_at,
+                attempts=item.attempts + (1 if result.count_attempt else 0),
+                delay_notified=item.delay_notified if result.delay_notified is None else result.delay_notified,
+                lease_owner=None,
+                lease_expires_at=None,
+            )
+            # Only the owner, and only over the state it read: a write in between
+            # (a renewal is none, it leaves rev alone) makes it read again.
+            if self._write_outcome(key, owner, rev, recorded):
+                return recorded
+        raise QueueError(
+            ErrorCode.LEASE_LOST,
+            f"The lease on item {item_id} is no longer held by {owner!r}; nothing was recorded.",
+            item_id=item_id,
+        )
+
+    def _write_outcome(self, key: Any, owner: str, rev: int, item: QueueItem) -> bool:
+        q, items = self._q, self._table(self._items)
+        guard = f"WHERE {q('id')} = %s AND {q('lease_owner')} = %s AND {q('rev')} = %s"
+        if item.is_finished:
+            with self._writing() as cursor:
+                cursor.execute(f"DELETE FROM {items} {guard}", [key, owner, rev])
+                if cursor.rowcount != 1:
+                    return False
+                cursor.execute(f"DELETE FROM {self._table(self._messages)} WHERE {q('item_id')} = %s", [key])
+                return True
+        sql = (
+            f"UPDATE {items} SET {q('recipients')} = %s, {q('next_attempt_at')} = %s, {q('attempts')} = %s, "
+            f"{q('delay_notified')} = %s, {q('lease_owner')} = NULL, {q('lease_expires_at')} = NULL, "
+            f"{q('rev')} = {q('rev')} + 1 {guard}"
+        )
+        params = [
+            self._prep("recipients", [r.to_dict() for r in item.recipients]),
+            self._prep_time(item.next_attempt_at),
+            item.attempts,
+            self._prep("delay_notified", item.delay_notified),
+            key,
+            owner,
+            rev,
+        ]
+        with self._writing(single_statement=True) as cursor:
+            cursor.execute(sql, params)
+            return bool(cursor.rowcount == 1)
+
+    def reschedule(self, item_id: str, *, at: datetime, owner: str | None = None) -> bool:
+        if owner is not None:
+            self.validate_owner(owner)
+        key = self._prep_id(item_id)
+        if key is None:
+            return False
+        q, when = self._q, self._prep_time(at)
+        if owner is None:
+            sql = f"UPDATE {self._table(self._items)} SET {q('next_attempt_at')} = %s WHERE {q('id')} = %s"
+            params = [when, key]
+        else:
+            sql = (
+                f"UPDATE {self._table(self._items)} SET {q('next_attempt_at')} = %s, {q('lease_owner')} = NULL, "
+                f"{q('lease_expires_at')} = NULL WHERE {q('id')} = %s AND {q('lease_owner')} = %s"
+            )
+            params = [when, key, owner]
+        with self._writing(single_statement=True) as cursor:
+            cursor.execute(sql, params)
+            return bool(cursor.rowcount == 1)
+
+    def cancel(self, item_id: str) -> QueueItem | None:
+        key = self._prep_id(item_id)
+        if key is None:
+            return None
+        q = self._q
+        with self._writing() as cursor:
+            cursor.execute(f"DELETE FROM {self._table(self._messages)} WHERE {q('item_id')} = %s", [key])
+            cursor.execute(
+                f"DELETE FROM {self._table(self._items)} WHERE {q('id')} = %s RETURNING {self._select_list()}", [key]
+            )
+            row = cursor.fetchone()
+        return None if row is None else self._row_to_item(row)
+
+    # -- checks -----------------------------------------------------------------------
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        vendor = self.connection.vendor
+        if vendor not in SUPPORTED_VENDORS:
+            return [
+                checks.Error(
+                    f"The ORM store runs on PostgreSQL or SQLite; DATABASES[{self.alias!r}] is {vendor}.",
+                    hint="Point BUMAIL_QUEUE['DATABASE'] at a PostgreSQL or SQLite database.",
+                    id="bumail_queue.E013",
+                )
+            ]
+        if vendor == "sqlite":
+            import sqlite3
+
+            if sqlite3.sqlite_version_info < (3, 35):
+                return [
+                    checks.Error(
+                        f"The ORM store needs SQLite 3.35 or newer (RETURNING); this Python has {sqlite3.sqlite_version}.",
+                        id="bumail_queue.E014",
+                    )
+                ]
+        return []
+
+
+def _aware(value: Any) -> datetime | None:
+    if value is None or (isinstance(value, datetime) and value.tzinfo is not None):
+        return value
+    parsed = parse_datetime(value) if isinstance(value, str) else value
+    return None if parsed is None else parsed.replace(tzinfo=UTC)
+
+
+def _key_race(new: NewItem) -> QueueError:
+    return QueueError(
+        ErrorCode.STORE_UNAVAILABLE,
+        f"The idempotency key {new.key!r} kept changing hands while it was added; try again.",
+    )
+
+
+def _first_line(error: DatabaseError) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

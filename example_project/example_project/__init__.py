@@ -1,0 +1,3 @@
+"""The example project's settings package."""
+
+from __future__ import annotations

@@ -1,0 +1,64 @@
+"""Work done in other processes by the concurrency tests (``multiprocessing``, spawn).
+
+Each process sets Django up on the test run's database, then uses the ORM store or
+the queue service exactly as a worker or a web process on another machine would.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+
+def _setup(database: dict[str, Any]) -> None:
+    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    import django
+    from django.conf import settings
+
+    settings.DATABASES["default"].update(database)
+    django.setup()
+
+
+def claim_until_empty(database: dict[str, Any], owner: str, limit: int, barrier: Any) -> list[str]:
+    """Claim due items until none is left; return the ids this process got."""
+    _setup(database)
+    from django.utils import timezone
+
+    from bumail_queue.conf import get_settings
+    from bumail_queue.stores.orm import ORMStore
+
+    store = ORMStore(get_settings())
+    store.count()  # connect before the start line, so every process starts together
+    barrier.wait()
+    got: list[str] = []
+    while True:
+        now = timezone.now()
+        claimed = store.claim(owner=owner, now=now, lease_until=now + timedelta(minutes=10), limit=limit)
+        if not claimed:
+            return got
+        got.extend(item.id for item in claimed)
+
+
+def enqueue_many_times(database: dict[str, Any], count: int, max_items: int, barrier: Any) -> tuple[int, int]:
+    """Enqueue ``count`` messages one by one under ``MAX_ITEMS``; return (queued, refused)."""
+    _setup(database)
+    from django.core.mail import EmailMessage
+    from django.test import override_settings
+
+    from bumail_queue.errors import QueueError
+    from bumail_queue.service import QueueService
+
+    with override_settings(BUMAIL_QUEUE={"HOSTNAME": "mta.example.com", "MAX_ITEMS": max_items}):
+        service = QueueService()
+        service.count()
+        barrier.wait()
+        queued = refused = 0
+        for n in range(count):
+            try:
+                service.enqueue(EmailMessage(f"n{n}", "body", "app@example.com", [f"user{n}@example.org"]))
+                queued += 1
+            except QueueError as error:
+                assert error.code == "FULL", error
+                refused += 1
+        return queued, refused

@@ -1,0 +1,73 @@
+"""Settings for the test suite: SQLite by default, PostgreSQL with DATABASE_URL."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import dj_database_url
+import django.core.mail
+
+BASE_DIR = Path(__file__).resolve().parent
+
+SECRET_KEY = "tests-only-not-a-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["testserver", "localhost", "127.0.0.1"]
+
+# A file database (not :memory:) so that tests which start worker processes share it.
+_SQLITE = f"sqlite:///{Path(tempfile.gettempdir()) / 'bumail-queue-dev.sqlite3'}"
+DATABASES = {"default": dj_database_url.parse(os.environ.get("DATABASE_URL") or _SQLITE, conn_max_age=0)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # One file per test run, so that runs side by side never share a database;
+    # worker processes started by a test are given this name.
+    DATABASES["default"]["TEST"] = {
+        "NAME": os.environ.get("BUMAIL_TEST_SQLITE")
+        or str(Path(tempfile.gettempdir()) / f"bumail-queue-test-{os.getpid()}.sqlite3")
+    }
+    DATABASES["default"]["OPTIONS"] = {"timeout": 30}
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "bumail_queue",
+    "tests.testapp",
+]
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "tests.testapp.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+# Django 6.1 replaced EMAIL_BACKEND with MAILERS; each version gets its own form.
+if hasattr(django.core.mail, "mailers"):
+    MAILERS = {"default": {"BACKEND": "bumail_queue.backends.QueueEmailBackend"}}
+else:
+    EMAIL_BACKEND = "bumail_queue.backends.QueueEmailBackend"
+
+DEFAULT_FROM_EMAIL = "app@example.com"
+BUMAIL_QUEUE = {"HOSTNAME": "mta.example.com"}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

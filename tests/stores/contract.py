@@ -1,0 +1,286 @@
+"""The store contract: the promises every ``QueueStore`` keeps, as tests.
+
+A store is held to them by running this class with a ``store`` fixture that yields
+it (``test_contract.py`` does so for every store bumail_queue ships). Times are
+made here and given to the store: a store keeps no clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from bumail_queue.errors import QueueError
+from bumail_queue.items import AttemptResult, Outcome, Reply
+from bumail_queue.items import RecipientStatus as S
+from tests.factories import NewItemFactory
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+LEASE = timedelta(minutes=10)
+
+OK = Reply(code=250, status="2.0.0", text="OK")
+LATER = Reply(code=451, status="4.3.0", text="Try again later")
+NO_SUCH_USER = Reply(code=550, status="5.1.1", text="No such user")
+
+
+def new(**kwargs):
+    kwargs.setdefault("created_at", T0)
+    return NewItemFactory(**kwargs)
+
+
+def claim_one(store, owner="w1", now=T0, lease=LEASE):
+    claimed = store.claim(owner=owner, now=now, lease_until=now + lease, limit=1)
+    return claimed[0] if claimed else None
+
+
+def result(next_at, count=True, **outcomes):
+    return AttemptResult(
+        outcomes={address: Outcome(status=status, reply=reply) for address, (status, reply) in outcomes.items()},
+        next_attempt_at=next_at,
+        count_attempt=count,
+    )
+
+
+class StoreContract:
+    # -- add, get, list, count, read_message ------------------------------------------
+
+    def test_add_returns_the_item_with_every_recipient_pending(self, store):
+        added = store.add(new(recipients=["a@example.org", "b@example.org"], sender="s@example.com"))
+        assert added.sender == "s@example.com"
+        assert [(r.address, r.status, r.reply) for r in added.recipients] == [
+            ("a@example.org", S.PENDING, None),
+            ("b@example.org", S.PENDING, None),
+        ]
+        assert added.attempts == 0
+        assert added.lease_owner is None
+        assert added.next_attempt_at == T0
+        assert store.get(added.id) == added
+
+    def test_message_comes_back_byte_for_byte(self, store):
+        data = b"Subject: all bytes\r\n\r\n" + bytes(range(256)) + b"\r\n"
+        added = store.add(new(message=data))
+        assert store.read_message(added.id) == data
+        assert added.size == len(data)
+
+    def test_get_and_read_message_of_an_unknown_id_are_none(self, store):
+        assert store.get("00000000-0000-4000-8000-000000000000") is None
+        assert store.get("not-an-id") is None
+        assert store.read_message("00000000-0000-4000-8000-000000000000") is None
+
+    def test_list_is_earliest_due_first_then_oldest(self, store):
+        late = store.add(new(next_attempt_at=T0 + timedelta(hours=1)))
+        first = store.add(new())
+        second = store.add(new())
+        assert [i.id for i in store.list()] == [first.id, second.id, late.id]
+        assert [i.id for i in store.list(offset=1, limit=1)] == [second.id]
+        assert store.count() == 3
+
+    def test_add_many_adds_all(self, store):
+        added = store.add_many([new(), new(), new()])
+        assert store.count() == 3
+        assert {i.id for i in store.list()} == {i.id for i in added}
+
+    def test_a_known_key_returns_the_queued_item_and_adds_nothing(self, store):
+        first = store.add(new(key="order-42"))
+        again = store.add(new(key="order-42", sender="other@example.com"))
+        assert again.id == first.id
+        assert again.sender == first.sender
+        assert store.count() == 1
+
+    def test_a_key_is_free_again_once_its_item_left(self, store):
+        first = store.add(new(key="once"))
+        store.cancel(first.id)
+        assert store.add(new(key="once")).id != first.id
+
+    def test_max_items_refuses_beyond_the_limit_and_adds_nothing(self, store):
+        store.add_many([new(), new()], max_items=3)
+        with pytest.raises(QueueError) as error:
+            store.add_many([new(), new()], max_items=3)
+        assert error.value.code == "FULL"
+        assert store.count() == 2
+        store.add(new(), max_items=3)
+        assert store.count() == 3
+
+    @pytest.mark.parametrize("field", ["sender", "recipient", "key"])
+    @pytest.mark.parametrize("bad", ["nul\x00here@example.org", "lone\ud800@example.org"])
+    def test_text_a_store_cannot_keep_is_invalid(self, store, field, bad):
+        kwargs = {"sender": {"sender": bad}, "recipient": {"recipients": [bad]}, "key": {"key": bad}}[field]
+        with pytest.raises(QueueError) as error:
+            store.add(new(**kwargs))
+        assert error.value.code == "INVALID"
+        assert store.count() == 0
+
+    def test_nothing_returned_is_shared_with_what_is_kept(self, store):
+        added = store.add(new())
+        added.recipients.clear()
+        got = store.get(added.id)
+        assert len(got.recipients) == 1
+        got.recipients.append(got.recipients[0])
+        assert len(store.get(added.id).recipients) == 1
+
+    # -- claim --------------------------------------------------------------------------
+
+    def test_claim_takes_due_items_earliest_first_and_leases_them(self, store):
+        later = store.add(new(next_attempt_at=T0 - timedelta(minutes=1)))
+        earliest = store.add(new(next_attempt_at=T0 - timedelta(minutes=5)))
+        store.add(new(next_attempt_at=T0 + timedelta(minutes=1)))  # not due
+        claimed = store.claim(owner="w1", now=T0, lease_until=T0 + LEASE, limit=10)
+        assert [i.id for i in claimed] == [earliest.id, later.id]
+        for item in claimed:
+            assert item.lease_owner == "w1"
+            assert item.lease_expires_at == T0 + LEASE
+            # The lease doubles as the retry time: a crashed worker's item falls due.
+            assert item.next_attempt_at == T0 + LEASE
+            assert store.get(item.id) == item
+
+    def test_claim_respects_the_limit(self, store):
+        store.add_many([new() for _ in range(5)])
+        assert len(store.claim(owner="w1", now=T0, lease_until=T0 + LEASE, limit=3)) == 3
+        assert len(store.claim(owner="w2", now=T0, lease_until=T0 + LEASE, limit=3)) == 2
+
+    def test_a_leased_item_is_not_claimed_again(self, store):
+        store.add(new())
+        assert claim_one(store, "w1") is not None
+        assert claim_one(store, "w2", now=T0 + LEASE - timedelta(seconds=1)) is None
+
+    def test_an_expired_lease_is_claimable(self, store):
+        added = store.add(new())
+        claim_one(store, "w1")
+        again = claim_one(store, "w2", now=T0 + LEASE)
+        assert again.id == added.id
+        assert again.lease_owner == "w2"
+
+    def test_equally_due_items_come_oldest_first(self, store):
+        ids = [store.add(new()).id for _ in range(4)]
+        assert [claim_one(store).id for _ in ids] == ids
+
+    def test_claim_with_an_empty_owner_is_invalid(self, store):
+        with pytest.raises(QueueError) as error:
+            store.claim(owner="", now=T0, lease_until=T0 + LEASE)
+        assert error.value.code == "INVALID"
+
+    def test_retry_now_on_a_leased_item_keeps_the_lease(self, store):
+        added = store.add(new())
+        claim_one(store, "w1")
+        assert store.reschedule(added.id, at=T0) is True
+        assert claim_one(store, "w2", now=T0 + timedelta(seconds=1)) is None
+        assert store.get(added.id).lease_owner == "w1"
+
+    # -- renew ------------------------------------------------------------------------
+
+    def test_renew_extends_the_owners_lease_only(self, store):
+        added = store.add(new())
+        claim_one(store, "w1")
+        assert store.renew(added.id, owner="w2", lease_until=T0 + 2 * LEASE) is False
+        assert store.renew(added.id, owner="w1", lease_until=T0 + 2 * LEASE) is True
+        assert claim_one(store, "w2", now=T0 + LEASE + timedelta(seconds=1)) is None
+        assert store.get(added.id).lease_expires_at == T0 + 2 * LEASE
+
+    def test_renew_of_an_unknown_item_is_false(self, store):
+        assert store.renew("00000000-0000-4000-8000-000000000000", owner="w1", lease_until=T0) is False
+
+    # -- complete ---------------------------------------------------------------------
+
+    def test_complete_records_outcomes_schedule_count_and_lets_go(self, store):
+        added = store.add(new(recipients=["a@example.org", "b@example.org"]))
+        claim_one(store)
+        next_at = T0 + timedelta(minutes=15)
+        recorded = store.complete(
+            added.id,
+            owner="w1",
+            result=result(next_at, **{"a@example.org": (S.DELIVERED, OK), "b@example.org": (S.DEFERRED, LATER)}),
+        )
+        assert [(r.status, r.reply) for r in recorded.recipients] == [(S.DELIVERED, OK), (S.DEFERRED, LATER)]
+        assert recorded.attempts == 1
+        assert recorded.next_attempt_at == next_at
+        assert recorded.lease_owner is None
+        assert recorded.lease_expires_at is None
+        assert store.get(added.id) == recorded
+        assert claim_one(store, "w2", now=next_at - timedelta(seconds=1)) is None
+        assert claim_one(store, "w2", now=next_at).id == added.id
+
+    def test_a_final_status_never_changes(self, store):
+        added = store.add(new(recipients=["a@example.org", "b@example.org"]))
+        claim_one(store)
+        store.complete(added.id, owner="w1", result=result(T0, **{"a@example.org": (S.DELIVERED, OK), "b@example.org": (S.DEFERRED, LATER)}))
+        claim_one(store, now=T0)
+        recorded = store.complete(
+            added.id,
+            owner="w1",
+            result=result(T0, **{"a@example.org": (S.FAILED, NO_SUCH_USER), "b@example.org": (S.DEFERRED, LATER)}),
+        )
+        assert recorded.recipients[0].status == S.DELIVERED
+        assert recorded.recipients[0].reply == OK
+
+    def test_an_item_whose_recipients_are_all_final_is_dropped_with_its_message(self, store):
+        added = store.add(new(recipients=["a@example.org", "b@example.org"]))
+        claim_one(store)
+        recorded = store.complete(
+            added.id, owner="w1", result=result(T0, **{"a@example.org": (S.DELIVERED, OK), "b@example.org": (S.FAILED, NO_SUCH_USER)})
+        )
+        assert recorded.is_finished
+        assert store.get(added.id) is None
+        assert store.read_message(added.id) is None
+        assert store.count() == 0
+
+    def test_a_stale_owner_records_nothing(self, store):
+        added = store.add(new())
+        claim_one(store, "w1")
+        claim_one(store, "w2", now=T0 + LEASE)  # w1's lease expired; w2 took the item
+        with pytest.raises(QueueError) as error:
+            store.complete(added.id, owner="w1", result=result(T0, **{added.recipients[0].address: (S.DELIVERED, OK)}))
+        assert error.value.code == "LEASE_LOST"
+        item = store.get(added.id)
+        assert item.recipients[0].status == S.PENDING
+        assert item.attempts == 0
+        assert item.lease_owner == "w2"
+
+    def test_complete_of_an_item_cancelled_meanwhile_is_none(self, store):
+        added = store.add(new())
+        claim_one(store, "w1")
+        assert store.cancel(added.id) is not None
+        assert store.complete(added.id, owner="w1", result=result(T0)) is None
+
+    def test_complete_without_counting_an_attempt(self, store):
+        added = store.add(new())
+        claim_one(store)
+        assert store.complete(added.id, owner="w1", result=result(T0, count=False)).attempts == 0
+
+    def test_complete_refuses_reply_text_it_cannot_keep(self, store):
+        added = store.add(new())
+        claim_one(store)
+        bad = dataclasses.replace(LATER, text="bad\x00text")
+        with pytest.raises(QueueError) as error:
+            store.complete(added.id, owner="w1", result=result(T0, **{added.recipients[0].address: (S.DEFERRED, bad)}))
+        assert error.value.code == "INVALID"
+        assert store.get(added.id).recipients[0].status == S.PENDING
+
+    # -- reschedule, cancel -----------------------------------------------------------
+
+    def test_reschedule_by_the_owner_gives_the_item_back_without_an_attempt(self, store):
+        added = store.add(new())
+        claim_one(store, "w1")
+        assert store.reschedule(added.id, at=T0, owner="w2") is False
+        assert store.reschedule(added.id, at=T0, owner="w1") is True
+        item = store.get(added.id)
+        assert (item.lease_owner, item.lease_expires_at, item.attempts, item.next_attempt_at) == (None, None, 0, T0)
+        assert claim_one(store, "w2").id == added.id
+
+    def test_reschedule_with_an_empty_owner_is_invalid(self, store):
+        with pytest.raises(QueueError) as error:
+            store.reschedule("00000000-0000-4000-8000-000000000000", at=T0, owner="")
+        assert error.value.code == "INVALID"
+
+    def test_reschedule_of_an_unknown_item_is_false(self, store):
+        assert store.reschedule("00000000-0000-4000-8000-000000000000", at=T0) is False
+        assert store.reschedule("nul\x00id", at=T0) is False
+
+    def test_cancel_drops_the_item_and_message_and_returns_it(self, store):
+        added = store.add(new())
+        cancelled = store.cancel(added.id)
+        assert cancelled == added
+        assert store.get(added.id) is None
+        assert store.read_message(added.id) is None
+        assert store.cancel(added.id) is None

@@ -1,0 +1,137 @@
+"""The ORM store beyond the contract: other processes, transactions, isolation levels."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.core.mail import EmailMessage
+from django.db import connection, transaction
+from django.utils import timezone
+
+from bumail_queue.models import Item, Message
+from bumail_queue.service import QueueService
+from tests import processes
+from tests.factories import NewItemFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+# How a PostgreSQL connection can be told to default to a level stricter than
+# READ COMMITTED; the store's writes must work under each.
+ISOLATION_OPTIONS = {
+    "server default": {},
+    "session default serializable": {"options": "-c default_transaction_isolation=serializable"},
+    "django isolation_level serializable": {"isolation_level": 3},  # psycopg.IsolationLevel.SERIALIZABLE
+}
+
+
+def database_for_children(options=None):
+    """The test database's connection settings, for processes started by a test."""
+    settings = {"NAME": connection.settings_dict["NAME"], "TEST": {"NAME": connection.settings_dict["NAME"]}}
+    if options:
+        settings["OPTIONS"] = {**connection.settings_dict.get("OPTIONS", {}), **options}
+    return settings
+
+
+def run_in_processes(function, argument_lists):
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager:
+        barrier = manager.Barrier(len(argument_lists))
+        with context.Pool(len(argument_lists)) as pool:
+            return pool.starmap(function, [(*args, barrier) for args in argument_lists], chunksize=1)
+
+
+def assert_each_claimed_once(orm_store, results, total):
+    claimed = [item_id for got in results for item_id in got]
+    repeats = {item_id: n for item_id, n in Counter(claimed).items() if n > 1}
+    assert repeats == {}, f"items claimed more than once: {list(repeats.items())[:5]}"
+    assert len(claimed) == total
+    assert {i.id for i in orm_store.list(limit=total)} == set(claimed)
+    # Every process got a share: they really ran side by side.
+    assert all(results), [len(r) for r in results]
+
+
+def add_due_items(orm_store, count):
+    now = timezone.now()
+    orm_store.add_many([NewItemFactory(created_at=now - timedelta(seconds=1)) for _ in range(count)])
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.parametrize("isolation", ISOLATION_OPTIONS)
+@pytest.mark.parametrize("limit", [1, 20])
+def test_four_processes_claim_every_item_exactly_once_on_postgresql(orm_store, isolation, limit):
+    add_due_items(orm_store, 2000)
+    # A connection that defaults to SERIALIZABLE still claims: writes run at READ COMMITTED.
+    database = database_for_children(ISOLATION_OPTIONS[isolation])
+    results = run_in_processes(processes.claim_until_empty, [(database, f"w{n}", limit) for n in range(4)])
+    assert_each_claimed_once(orm_store, results, 2000)
+
+
+@pytest.mark.sqlite
+@pytest.mark.slow
+def test_two_processes_on_one_sqlite_file_never_take_the_same_item(orm_store):
+    add_due_items(orm_store, 2000)
+    results = run_in_processes(processes.claim_until_empty, [(database_for_children(), f"w{n}", 1) for n in range(2)])
+    assert_each_claimed_once(orm_store, results, 2000)
+
+
+def _max_items_under_four_enqueuers(orm_store, options):
+    results = run_in_processes(processes.enqueue_many_times, [(database_for_children(options), 60, 100) for _ in range(4)])
+    assert sum(queued for queued, _ in results) == 100
+    assert sum(refused for _, refused in results) == 140
+    assert orm_store.count() == 100
+    assert Message.objects.count() == 100
+
+
+@pytest.mark.sqlite
+@pytest.mark.slow
+def test_max_items_never_overshoots_under_four_concurrent_enqueuers_on_sqlite(orm_store):
+    _max_items_under_four_enqueuers(orm_store, None)
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.parametrize("isolation", ISOLATION_OPTIONS)
+def test_max_items_never_overshoots_under_four_concurrent_enqueuers_on_postgresql(orm_store, isolation):
+    _max_items_under_four_enqueuers(orm_store, ISOLATION_OPTIONS[isolation])
+
+
+def test_enqueue_in_a_rolled_back_transaction_leaves_nothing():
+    service = QueueService()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        service.enqueue(EmailMessage("s", "b", "app@example.com", ["a@example.org"]))
+        assert Item.objects.count() == 1  # visible inside the transaction...
+        raise RuntimeError
+    assert Item.objects.count() == 0  # ...and gone with it
+    assert Message.objects.count() == 0
+
+
+def test_a_refused_enqueue_leaves_the_callers_transaction_usable(settings):
+    settings.BUMAIL_QUEUE = {"MAX_ITEMS": 1, "HOSTNAME": "mta.example.com"}
+    service = QueueService()
+    with transaction.atomic():
+        service.enqueue(EmailMessage("s", "b", "app@example.com", ["a@example.org"]))
+        with pytest.raises(Exception) as error:
+            service.enqueue_many([EmailMessage("s", "b", "app@example.com", [f"{n}@example.org"]) for n in range(2)])
+        assert error.value.code == "FULL"
+        assert Item.objects.count() == 1  # the savepoint took back only the refused add
+    assert Item.objects.count() == 1
+
+
+def test_claim_is_one_statement_on_postgresql_and_a_compare_and_set_on_sqlite(orm_store, django_assert_max_num_queries):
+    add_due_items(orm_store, 5)
+    now = timezone.now()
+    orm_store.claim(owner="w1", now=now - timedelta(days=1), lease_until=now, limit=1)  # connects, reads the default level once
+    with django_assert_max_num_queries(1 if connection.vendor == "postgresql" else 2):
+        assert len(orm_store.claim(owner="w1", now=now, lease_until=now + timedelta(minutes=1), limit=10)) == 5
+
+
+@pytest.mark.postgres
+def test_enqueue_outside_a_transaction_is_one_statement_on_postgresql(orm_store, django_assert_num_queries):
+    orm_store.add(NewItemFactory())  # connects, reads the default isolation level once
+    with django_assert_num_queries(1):
+        orm_store.add(NewItemFactory())

@@ -1,0 +1,175 @@
+"""System checks: ``manage.py check`` reports what start-up would refuse, with ids."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.core import checks
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+
+from bumail_queue.checks import check_settings, check_store
+from bumail_queue.stores.memory import MemoryStore
+
+HOST = {"HOSTNAME": "mta.example.com"}
+
+# Django's own model checks may ask the database for its features (JSONField support).
+needs_db = pytest.mark.django_db
+
+
+class ComplainingStore(MemoryStore):
+    """A store that finds something wrong with its own set-up."""
+
+    def check(self, **kwargs):
+        return [checks.Error("The complaining store is not ready.", id="testapp.E001")]
+
+
+@needs_db
+def test_the_test_settings_pass_the_check_command():
+    out = io.StringIO()
+
+    call_command("check", stdout=out)
+
+    assert "System check identified no issues" in out.getvalue()
+
+
+def test_the_test_settings_give_no_message_of_ours():
+    assert check_settings(None) == []
+    assert check_store(None) == []
+
+
+@needs_db
+@pytest.mark.parametrize(
+    ("raw", "check_id", "text"),
+    [
+        ({**HOST, "CONCURRENCY": 0}, "bumail_queue.E010", "BUMAIL_QUEUE['CONCURRENCY'] must be a whole number above 0; got 0."),
+        ({**HOST, "CONCURENCY": 4}, "bumail_queue.E002", "Did you mean 'CONCURRENCY'?"),
+        ({**HOST, "STORE": "redis"}, "bumail_queue.E003", "BUMAIL_QUEUE['STORE'] must be one of 'orm', 'memory'"),
+        ({**HOST, "ROUTE": {"TYPE": "smarthost", "HOST": "smtp.example.com", "TLS": "ssl"}}, "bumail_queue.E007", "got 'ssl'"),
+        ({**HOST, "MAX_AGE": 0}, "bumail_queue.E011", "BUMAIL_QUEUE['MAX_AGE'] must be a timedelta"),
+    ],
+    ids=["E010", "E002", "E003", "E007", "E011"],
+)
+def test_the_check_command_fails_on_a_bad_setting(raw, check_id, text):
+    with override_settings(BUMAIL_QUEUE=raw), pytest.raises(SystemCheckError) as info:
+        call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
+
+    assert f"{check_id}" in str(info.value)
+    assert text in str(info.value)
+
+
+@needs_db
+def test_the_check_command_reports_every_problem():
+    raw = {"CONCURRENCY": 0, "MX_PORT": 0, "DATABASE": "replica"}
+
+    with override_settings(BUMAIL_QUEUE=raw), pytest.raises(SystemCheckError) as info:
+        call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
+
+    for check_id in ("bumail_queue.E004", "bumail_queue.E008", "bumail_queue.E010"):
+        assert check_id in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "check_id"),
+    [
+        (["not", "a", "dict"], "bumail_queue.E001"),
+        ({**HOST, "CONCURENCY": 4}, "bumail_queue.E002"),
+        ({**HOST, "STORE": "redis"}, "bumail_queue.E003"),
+        ({**HOST, "DATABASE": "replica"}, "bumail_queue.E004"),
+        ({**HOST, "REDIS_KEY_PREFIX": "q:*"}, "bumail_queue.E005"),
+        ({"HOSTNAME": "not a host"}, "bumail_queue.E006"),
+        ({**HOST, "ROUTE": {"TYPE": "smarthost", "HOST": "smtp.example.com", "USERNAME": "mailer"}}, "bumail_queue.E007"),
+        ({**HOST, "MX_PORT": 70000}, "bumail_queue.E008"),
+        ({**HOST, "DNS_NAMESERVERS": ["dns.example.com"]}, "bumail_queue.E009"),
+        ({**HOST, "LEASE_SECONDS": 0}, "bumail_queue.E010"),
+        ({**HOST, "DELAY_WARNING": -1}, "bumail_queue.E011"),
+        ({**HOST, "MAX_MESSAGE_SIZE": 0}, "bumail_queue.E012"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else None,
+)
+def test_check_settings_returns_an_error_with_the_id(raw, check_id):
+    with override_settings(BUMAIL_QUEUE=raw):
+        messages = check_settings(None)
+
+    assert [(type(m), m.id, m.level) for m in messages] == [(checks.Error, check_id, checks.ERROR)]
+    assert messages[0].obj == "BUMAIL_QUEUE"
+    assert messages[0].msg.startswith("BUMAIL_QUEUE")
+
+
+def test_check_settings_returns_one_error_per_problem():
+    with override_settings(BUMAIL_QUEUE={**HOST, "CONCURRENCY": 0, "DOMAIN_CONCURRENCY": 0, "MAX_ITEMS": -1}):
+        messages = check_settings(None)
+
+    assert sorted(m.id for m in messages) == ["bumail_queue.E010", "bumail_queue.E010", "bumail_queue.E012"]
+    assert all(isinstance(m, checks.Error) for m in messages)
+
+
+@pytest.mark.parametrize(
+    ("store", "text"),
+    [
+        ("bumail_queue.stores.nowhere.RedisStore", "cannot be imported"),
+        ("bumail_queue.stores.memory.NoSuchStore", "cannot be imported"),
+        ("bumail_queue.conf.Route", "not a QueueStore subclass"),
+        ("bumail_queue.conf.DEFAULTS", "not a QueueStore subclass"),
+    ],
+)
+def test_check_store_reports_a_store_path_that_is_no_store(store, text):
+    with override_settings(BUMAIL_QUEUE={**HOST, "STORE": store}):
+        assert check_settings(None) == []  # the path is well formed
+        messages = check_store(None)
+
+    assert [(type(m), m.id) for m in messages] == [(checks.Error, "bumail_queue.E003")]
+    assert f"BUMAIL_QUEUE['STORE'] is {store!r}" in messages[0].msg
+    assert text in messages[0].msg
+
+
+@needs_db
+def test_the_check_command_fails_on_a_store_path_that_cannot_be_imported():
+    with override_settings(BUMAIL_QUEUE={**HOST, "STORE": "myproject.stores.Missing"}), pytest.raises(SystemCheckError) as info:
+        call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
+
+    assert "bumail_queue.E003" in str(info.value)
+    assert "'myproject.stores.Missing'" in str(info.value)
+
+
+@pytest.mark.parametrize("store", ["memory", "orm", "bumail_queue.stores.memory.MemoryStore"])
+def test_check_store_accepts_the_shipped_stores(store):
+    with override_settings(BUMAIL_QUEUE={**HOST, "STORE": store}):
+        assert check_store(None) == []
+
+
+def test_check_store_returns_what_the_store_itself_reports():
+    with override_settings(BUMAIL_QUEUE={**HOST, "STORE": f"{__name__}.ComplainingStore"}):
+        messages = check_store(None)
+
+    assert [(m.id, m.msg) for m in messages] == [("testapp.E001", "The complaining store is not ready.")]
+
+
+def test_check_store_leaves_an_invalid_setting_to_check_settings():
+    with override_settings(BUMAIL_QUEUE={"STORE": "myproject.stores.Missing", "CONCURRENCY": 0}):
+        assert check_store(None) == []
+        assert [m.id for m in check_settings(None)] == ["bumail_queue.E010"]
+
+
+def test_a_smarthost_sending_credentials_without_tls_is_warned_about():
+    from bumail_queue.checks import check_plaintext_auth
+
+    route = {"TYPE": "smarthost", "HOST": "smtp.example.com", "PORT": 25, "TLS": "none", "USERNAME": "u", "PASSWORD": "hunter2-secret"}
+    with override_settings(BUMAIL_QUEUE={"ROUTES": {"example.org": route}}):
+        warnings = check_plaintext_auth()
+    assert [w.id for w in warnings] == ["bumail_queue.W001"]
+    assert "without TLS" in warnings[0].msg
+    assert "hunter2-secret" not in warnings[0].msg
+    with override_settings(BUMAIL_QUEUE={"ROUTE": {**route, "TLS": "starttls"}}):
+        assert check_plaintext_auth() == []
+
+
+def test_an_abstract_store_class_is_reported_not_crashed_on():
+    from bumail_queue.checks import check_store
+
+    with override_settings(BUMAIL_QUEUE={"STORE": "bumail_queue.stores.base.QueueStore"}):
+        errors = check_store()
+    assert [e.id for e in errors] == ["bumail_queue.E003"]
+    assert "cannot be built" in errors[0].msg

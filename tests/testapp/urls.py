@@ -1,0 +1,14 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("send-one/", views.send_one),
+    path("send-many/", views.send_many),
+    path("send-then-fail/", views.send_then_fail),
+    path("send-one-then-fail/", views.send_one_then_fail),
+]
