@@ -9,15 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import django.core.mail
 from django.core.mail import EmailMessage
 from django.core.mail.backends.base import BaseEmailBackend
 
 from .errors import ErrorCode, QueueConfigurationError, QueueError
 
-try:  # Django 6.1+
-    from django.core.mail import InvalidMailer
-except ImportError:  # pragma: no cover - Django < 6.1
-    InvalidMailer = None
+# Django 6.1 reports unknown MAILERS OPTIONS itself (InvalidMailer); before it, we do.
+_DJANGO_CHECKS_OPTIONS = hasattr(django.core.mail, "mailers")
 
 # Django < 6.1 passes these from send_mail(auth_user=..., auth_password=...); a queue
 # has no use for SMTP credentials of the caller, so they are accepted and ignored.
@@ -33,7 +32,7 @@ class QueueEmailBackend(BaseEmailBackend):
     """
 
     def __init__(self, fail_silently: bool = False, **kwargs: Any) -> None:  # noqa: FBT001, FBT002 - Django's signature
-        if InvalidMailer is None:
+        if not _DJANGO_CHECKS_OPTIONS:
             unknown = sorted(set(kwargs) - _LEGACY_CONNECTION_KWARGS)
             if unknown:
                 raise QueueConfigurationError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -98,7 +99,7 @@ class QueueService:
         item = self.prepare(message, sender=sender, recipients=recipients, at=at, key=key)
         return self.store.add(item, max_items=self.settings.max_items)
 
-    def enqueue_many(self, messages: Sequence[EmailMessage | bytes]) -> list[QueueItem]:
+    def enqueue_many(self, messages: Sequence[EmailMessage | bytes]) -> builtins.list[QueueItem]:
         """Queue several messages in one step: all of them, or none."""
         now = self.clock()
         items = [self.prepare(message, now=now) for message in messages]
@@ -110,7 +111,7 @@ class QueueService:
         """Return the item, or ``None``."""
         return self.store.get(str(id))
 
-    def list(self, *, offset: int = 0, limit: int = 100) -> list[QueueItem]:
+    def list(self, *, offset: int = 0, limit: int = 100) -> builtins.list[QueueItem]:
         """Return a page of items, earliest due first."""
         if offset < 0 or limit < 0:
             raise QueueError(ErrorCode.INVALID, "'offset' and 'limit' must be 0 or more.")

@@ -48,6 +48,7 @@ class ItemFactory(factory.django.DjangoModelFactory):
 
     class Meta:
         model = Item
+        skip_postgeneration_save = True
 
     id = factory.LazyFunction(uuid.uuid4)
     sender = factory.Sequence(lambda n: f"sender{n}@example.com")

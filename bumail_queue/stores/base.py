@@ -21,6 +21,7 @@ Every store runs the same contract suite (``tests/stores/contract.py``). Its pro
 from __future__ import annotations
 
 import abc
+import builtins
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
@@ -46,7 +47,7 @@ class QueueStore(abc.ABC):
         self.settings = settings
 
     @abc.abstractmethod
-    def add_many(self, items: Sequence[NewItem], *, max_items: int | None = None) -> list[QueueItem]:
+    def add_many(self, items: Sequence[NewItem], *, max_items: int | None = None) -> builtins.list[QueueItem]:
         """Add items and their messages in one step: all of them, or none.
 
         An item whose ``key`` is already in the queue is not added; the item holding
@@ -63,7 +64,7 @@ class QueueStore(abc.ABC):
         """Return the item, or ``None``."""
 
     @abc.abstractmethod
-    def list(self, *, offset: int = 0, limit: int = 100) -> list[QueueItem]:
+    def list(self, *, offset: int = 0, limit: int = 100) -> builtins.list[QueueItem]:
         """Return a page of items, earliest due first, then oldest first."""
 
     @abc.abstractmethod
@@ -75,7 +76,7 @@ class QueueStore(abc.ABC):
         """Return the message's bytes as enqueued, or ``None`` when there are none."""
 
     @abc.abstractmethod
-    def claim(self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1) -> list[QueueItem]:
+    def claim(self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1) -> builtins.list[QueueItem]:
         """Lease up to ``limit`` items due at ``now`` to ``owner`` until ``lease_until``.
 
         The earliest due come first, then the oldest; an item is due when its

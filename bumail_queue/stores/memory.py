@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import itertools
 import threading
@@ -37,10 +38,10 @@ class MemoryStore(QueueStore):
         # The dataclass is frozen, but its recipients list is not: hand out a copy.
         return dataclasses.replace(item, recipients=list(item.recipients))
 
-    def _ordered(self) -> list[_Entry]:
+    def _ordered(self) -> builtins.list[_Entry]:
         return sorted(self._entries.values(), key=lambda e: (e.item.next_attempt_at, e.seq))
 
-    def add_many(self, items: Sequence[NewItem], *, max_items: int | None = None) -> list[QueueItem]:
+    def add_many(self, items: Sequence[NewItem], *, max_items: int | None = None) -> builtins.list[QueueItem]:
         for new in items:
             self.validate_new(new)
         with self._lock:
@@ -74,7 +75,7 @@ class MemoryStore(QueueStore):
             entry = self._entries.get(item_id)
             return None if entry is None else self._copy(entry.item)
 
-    def list(self, *, offset: int = 0, limit: int = 100) -> list[QueueItem]:
+    def list(self, *, offset: int = 0, limit: int = 100) -> builtins.list[QueueItem]:
         with self._lock:
             return [self._copy(e.item) for e in self._ordered()[offset : offset + limit]]
 
@@ -92,10 +93,10 @@ class MemoryStore(QueueStore):
         with self._lock:
             self._entries[item_id].message = None
 
-    def claim(self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1) -> list[QueueItem]:
+    def claim(self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1) -> builtins.list[QueueItem]:
         self.validate_owner(owner)
         with self._lock:
-            claimed = []
+            claimed: builtins.list[QueueItem] = []
             for entry in self._ordered():
                 if len(claimed) >= limit or entry.item.next_attempt_at > now:
                     break

@@ -14,6 +14,7 @@ cancel) are single SQL statements with ``RETURNING``, so each is one round trip:
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import json
 import uuid
@@ -25,7 +26,6 @@ from typing import Any
 
 from django.core import checks
 from django.db import (
-    DatabaseError,
     InterfaceError,
     OperationalError,
     ProgrammingError,
@@ -97,6 +97,9 @@ class ORMStore(QueueStore):
         except (ValueError, TypeError, AttributeError):
             return None
         return self._prep("id", parsed)
+
+    def _prep_message(self, data: bytes) -> Any:
+        return Message._meta.get_field("data").get_db_prep_save(data, self.connection)
 
     def _prep_time(self, value: datetime) -> Any:
         return self.connection.ops.adapt_datetimefield_value(value)
@@ -171,7 +174,7 @@ class ORMStore(QueueStore):
 
     # -- adding -----------------------------------------------------------------------
 
-    def _insert_values(self, new: NewItem) -> list[Any]:
+    def _insert_values(self, new: NewItem) -> builtins.list[Any]:
         recipients = [Recipient(address=a).to_dict() for a in new.recipients]
         values = {
             "id": uuid.UUID(new.id),
@@ -195,7 +198,7 @@ class ORMStore(QueueStore):
             f"ON CONFLICT ({self._q('key')}) DO NOTHING RETURNING {self._select_list()}"
         )
 
-    def add_many(self, items: Sequence[NewItem], *, max_items: int | None = None) -> list[QueueItem]:
+    def add_many(self, items: Sequence[NewItem], *, max_items: int | None = None) -> builtins.list[QueueItem]:
         if not items:
             return []
         for new in items:
@@ -211,7 +214,7 @@ class ORMStore(QueueStore):
             f"SELECT {self._q('id')}, %s FROM new_item"
         )
         sql = f"WITH new_item AS ({self._insert_sql(1)}), new_message AS ({message_sql}) SELECT * FROM new_item"
-        params = [*self._insert_values(new), self.connection.Database.Binary(new.message)]
+        params = [*self._insert_values(new), self._prep_message(new.message)]
         for _ in range(_KEY_RACES):
             with self._writing(single_statement=True) as cursor:
                 cursor.execute(sql, params)
@@ -225,7 +228,7 @@ class ORMStore(QueueStore):
                 return existing
         raise _key_race(new)
 
-    def _add_in_transaction(self, items: Sequence[NewItem], max_items: int | None, *, _depth: int = 0) -> list[QueueItem]:
+    def _add_in_transaction(self, items: Sequence[NewItem], max_items: int | None, *, _depth: int = 0) -> builtins.list[QueueItem]:
         by_id: dict[str, QueueItem] = {}
         with self._writing() as cursor:
             if max_items is not None and self.connection.vendor == "postgresql":
@@ -279,7 +282,7 @@ class ORMStore(QueueStore):
             row = Item.objects.using(self.alias).filter(id=uuid.UUID(item_id)).first()
         return None if row is None else row.to_queue_item()
 
-    def list(self, *, offset: int = 0, limit: int = 100) -> list[QueueItem]:
+    def list(self, *, offset: int = 0, limit: int = 100) -> builtins.list[QueueItem]:
         with self._translated_errors():
             rows = Item.objects.using(self.alias).order_by("next_attempt_at", "seq")[offset : offset + limit]
             return [row.to_queue_item() for row in rows]
@@ -292,12 +295,12 @@ class ORMStore(QueueStore):
         if self._prep_id(item_id) is None:
             return None
         with self._translated_errors():
-            data = Message.objects.using(self.alias).filter(item_id=uuid.UUID(item_id)).values_list("data", flat=True).first()
+            data = Message.objects.using(self.alias).filter(item__id=uuid.UUID(item_id)).values_list("data", flat=True).first()
         return None if data is None else bytes(data)
 
     # -- leases and outcomes ----------------------------------------------------------
 
-    def claim(self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1) -> list[QueueItem]:
+    def claim(self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1) -> builtins.list[QueueItem]:
         self.validate_owner(owner)
         if limit < 1:
             return []
@@ -327,7 +330,7 @@ class ORMStore(QueueStore):
             f"{q('next_attempt_at')} = %s"
         )
 
-    def _claim_skip_locked(self, owner: str, until: Any, at: Any, limit: int) -> list[Any]:
+    def _claim_skip_locked(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
         # One statement: the due rows are locked as they are picked, and rows another
         # claimer holds are skipped, so no worker waits on another's items.
         items, q = self._table(self._items), self._q
@@ -340,7 +343,7 @@ class ORMStore(QueueStore):
             cursor.execute(sql, [owner, until, until, at, at, limit])
             return list(cursor.fetchall())
 
-    def _claim_compare_and_set(self, owner: str, until: Any, at: Any, limit: int) -> list[Any]:
+    def _claim_compare_and_set(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
         # SQLite has no row locks: read the due items, then lease only those still due
         # and free. The UPDATE runs under SQLite's write lock, so of two processes that
         # read the same items, the second finds them leased and takes none of them; it
@@ -480,7 +483,7 @@ class ORMStore(QueueStore):
 
     # -- checks -----------------------------------------------------------------------
 
-    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+    def check(self, **kwargs: Any) -> builtins.list[checks.CheckMessage]:
         vendor = self.connection.vendor
         if vendor not in SUPPORTED_VENDORS:
             return [
@@ -517,5 +520,5 @@ def _key_race(new: NewItem) -> QueueError:
     )
 
 
-def _first_line(error: DatabaseError) -> str:
+def _first_line(error: Exception) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -14,7 +14,7 @@ from django.utils import timezone
 from bumail_queue.models import Item, Message
 from bumail_queue.service import QueueService
 from tests import processes
-from tests.factories import NewItemFactory
+from tests.factories import ItemFactory, NewItemFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -135,3 +135,22 @@ def test_enqueue_outside_a_transaction_is_one_statement_on_postgresql(orm_store,
     orm_store.add(NewItemFactory())  # connects, reads the default isolation level once
     with django_assert_num_queries(1):
         orm_store.add(NewItemFactory())
+
+
+def test_rows_written_by_the_orm_read_back_as_queue_items(orm_store):
+    row = ItemFactory(deferred=True)
+    item = orm_store.get(str(row.id))
+    assert item.recipients[0].status == "deferred"
+    assert item.recipients[0].reply.code == 451
+    assert item.attempts == 1
+    assert orm_store.read_message(str(row.id)) == b"Subject: test\r\n\r\nbody\r\n"
+
+
+def test_a_row_another_worker_leases_is_skipped_until_its_lease_expires(orm_store):
+    leased = ItemFactory(leased=True, created_at=timezone.now() - timedelta(minutes=1))
+    free = ItemFactory(created_at=timezone.now() - timedelta(minutes=1))
+    now = timezone.now()
+    assert [i.id for i in orm_store.claim(owner="w1", now=now, lease_until=now + timedelta(minutes=1), limit=10)] == [str(free.id)]
+    after_expiry = leased.lease_expires_at + timedelta(seconds=1)
+    again = orm_store.claim(owner="w1", now=after_expiry, lease_until=after_expiry + timedelta(minutes=1), limit=10)
+    assert str(leased.id) in [i.id for i in again]
