@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
 import json
 import uuid
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -61,6 +62,20 @@ _INSERT_COLUMNS = ("id", "key", "sender", "recipients", "size", "created_at", "n
 _read_committed_by_connection: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
+def _built_once(method: Callable[..., str]) -> Callable[..., str]:
+    """Build a statement's text once per store: it depends only on the database's vendor."""
+
+    @functools.wraps(method)
+    def build(self: ORMStore, *args: Any) -> str:
+        key = (method.__name__, args)
+        sql = self._statements.get(key)
+        if sql is None:
+            sql = self._statements[key] = method(self, *args)
+        return sql
+
+    return build
+
+
 class ORMStore(QueueStore):
     """Keeps the queue in ``bumail_queue_items`` / ``bumail_queue_messages`` of ``DATABASE``."""
 
@@ -71,6 +86,7 @@ class ORMStore(QueueStore):
         self.alias: str = settings.database
         self._items = Item._meta.db_table
         self._messages = Message._meta.db_table
+        self._statements: dict[tuple[str, tuple[Any, ...]], str] = {}
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -78,6 +94,7 @@ class ORMStore(QueueStore):
     def connection(self) -> BaseDatabaseWrapper:
         return connections[self.alias]
 
+    @_built_once
     def _q(self, name: str) -> str:
         return self.connection.ops.quote_name(name)
 
@@ -104,6 +121,7 @@ class ORMStore(QueueStore):
     def _prep_time(self, value: datetime) -> Any:
         return self.connection.ops.adapt_datetimefield_value(value)
 
+    @_built_once
     def _select_list(self, alias: str = "") -> str:
         prefix = f"{alias}." if alias else ""
         return ", ".join(prefix + self._q(c) for c in _COLUMNS)
@@ -190,6 +208,7 @@ class ORMStore(QueueStore):
         }
         return [self._prep(column, values[column]) for column in _INSERT_COLUMNS]
 
+    @_built_once
     def _insert_sql(self, rows: int) -> str:
         row = "(" + ", ".join(["%s"] * len(_INSERT_COLUMNS)) + ")"
         return (
@@ -207,13 +226,17 @@ class ORMStore(QueueStore):
             return [self._add_one_statement(items[0])]
         return self._add_in_transaction(items, max_items)
 
-    def _add_one_statement(self, new: NewItem) -> QueueItem:
-        # The item and its message in one statement: one round trip, atomic by itself.
+    @_built_once
+    def _add_one_sql(self) -> str:
         message_sql = (
             f"INSERT INTO {self._table(self._messages)} ({self._q('item_id')}, {self._q('data')}) "
             f"SELECT {self._q('id')}, %s FROM new_item"
         )
-        sql = f"WITH new_item AS ({self._insert_sql(1)}), new_message AS ({message_sql}) SELECT * FROM new_item"
+        return f"WITH new_item AS ({self._insert_sql(1)}), new_message AS ({message_sql}) SELECT * FROM new_item"
+
+    def _add_one_statement(self, new: NewItem) -> QueueItem:
+        # The item and its message in one statement: one round trip, atomic by itself.
+        sql = self._add_one_sql()
         params = [*self._insert_values(new), self._prep_message(new.message)]
         for _ in range(_KEY_RACES):
             with self._writing(single_statement=True) as cursor:
@@ -312,7 +335,8 @@ class ORMStore(QueueStore):
         rows.sort(key=lambda row: (_aware(row[0]), row[1]))
         return [self._row_to_item(row[2:]) for row in rows]
 
-    def _due_sql(self, *, lock: str = "") -> str:
+    @_built_once
+    def _due_sql(self, lock: str = "") -> str:
         items, q = self._table(self._items), self._q
         return (
             f"SELECT {q('seq')} AS due_seq, {q('next_attempt_at')} AS due_at FROM {items} "
@@ -320,6 +344,7 @@ class ORMStore(QueueStore):
             f"ORDER BY {q('next_attempt_at')}, {q('seq')} LIMIT %s{lock}"
         )
 
+    @_built_once
     def _lease_sql(self) -> str:
         # The lease doubles as the retry time: a leased item's next_attempt_at is its
         # lease's expiry, so it leaves the front of the due index (a backlog of leases
@@ -330,17 +355,20 @@ class ORMStore(QueueStore):
             f"{q('next_attempt_at')} = %s"
         )
 
-    def _claim_skip_locked(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
-        # One statement: the due rows are locked as they are picked, and rows another
-        # claimer holds are skipped, so no worker waits on another's items.
+    @_built_once
+    def _skip_locked_claim_sql(self) -> str:
         items, q = self._table(self._items), self._q
-        sql = (
-            f"{self._lease_sql()} FROM ({self._due_sql(lock=' FOR UPDATE SKIP LOCKED')}) AS due "
+        return (
+            f"{self._lease_sql()} FROM ({self._due_sql(' FOR UPDATE SKIP LOCKED')}) AS due "
             f"WHERE {items}.{q('seq')} = due.due_seq "
             f"RETURNING due.due_at, {items}.{q('seq')}, {self._select_list(items)}"
         )
+
+    def _claim_skip_locked(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
+        # One statement: the due rows are locked as they are picked, and rows another
+        # claimer holds are skipped, so no worker waits on another's items.
         with self._writing(single_statement=True) as cursor:
-            cursor.execute(sql, [owner, until, until, at, at, limit])
+            cursor.execute(self._skip_locked_claim_sql(), [owner, until, until, at, at, limit])
             return list(cursor.fetchall())
 
     def _claim_compare_and_set(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
