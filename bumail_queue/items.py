@@ -137,6 +137,18 @@ class NewItem:
         """Return the message's size in bytes."""
         return len(self.message)
 
+    def to_queue_item(self) -> QueueItem:
+        """Return the item as a store holds it once added: every recipient pending."""
+        return QueueItem(
+            id=self.id,
+            sender=self.sender,
+            recipients=[Recipient(address=a) for a in self.recipients],
+            size=self.size,
+            created_at=self.created_at,
+            next_attempt_at=self.next_attempt_at,
+            key=self.key,
+        )
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Outcome:

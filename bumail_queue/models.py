@@ -20,11 +20,9 @@ class Item(models.Model):
     # ``seq`` orders items equally due (oldest first); ``id`` is the public handle.
     seq = models.BigAutoField(primary_key=True)
     id = models.UUIDField(_("id"), unique=True, editable=False)
-    # NULL rather than "" where there is no key or no lease: the unique index on key
-    # must admit any number of keyless items, and the claim tests "lease_owner IS NULL".
-    key = models.CharField(
-        _("idempotency key"), max_length=255, unique=True, null=True, blank=True, editable=False
-    )
+    # NULL rather than "" where there is no key or no lease: keyless items stay out of
+    # the unique index on key, and the claim tests "lease_owner IS NULL".
+    key = models.CharField(_("idempotency key"), max_length=255, null=True, blank=True, editable=False)
     sender = models.TextField(_("sender"), blank=True)
     recipients = models.JSONField(_("recipients"), default=list)
     size = models.PositiveBigIntegerField(_("size"))
@@ -42,6 +40,12 @@ class Item(models.Model):
         verbose_name = _("queued item")
         verbose_name_plural = _("queued items")
         ordering = ("next_attempt_at", "seq")
+        constraints = (
+            # Partial: only items with a key pay for this index on enqueue.
+            models.UniqueConstraint(
+                fields=("key",), condition=models.Q(key__isnull=False), name="bumail_queue_items_key"
+            ),
+        )
         indexes = (
             # Serves the claim: the earliest due, then the oldest. A claim moves an
             # item's next_attempt_at to its lease's expiry, so leased items leave the

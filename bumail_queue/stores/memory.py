@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from bumail_queue.errors import ErrorCode, QueueError
-from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
+from bumail_queue.items import AttemptResult, NewItem, QueueItem
 
 from .base import QueueStore
 
@@ -55,15 +55,7 @@ class MemoryStore(QueueStore):
                 if new.key is not None and new.key in by_key:
                     added.append(self._copy(by_key[new.key]))
                     continue
-                item = QueueItem(
-                    id=new.id,
-                    sender=new.sender,
-                    recipients=[Recipient(address=a) for a in new.recipients],
-                    size=new.size,
-                    created_at=new.created_at,
-                    next_attempt_at=new.next_attempt_at,
-                    key=new.key,
-                )
+                item = new.to_queue_item()
                 self._entries[new.id] = _Entry(seq=next(self._seq), item=item, message=bytes(new.message))
                 if new.key is not None:
                     by_key[new.key] = item

@@ -217,7 +217,7 @@ class ORMStore(QueueStore):
         return (
             f"INSERT INTO {self._table(self._items)} ({', '.join(map(self._q, _INSERT_COLUMNS))}) "
             f"VALUES {', '.join([row] * rows)} "
-            f"ON CONFLICT ({self._q('key')}) DO NOTHING RETURNING {self._select_list()}"
+            f"ON CONFLICT ({self._q('key')}) WHERE {self._q('key')} IS NOT NULL DO NOTHING RETURNING {self._q('id')}"
         )
 
     def add_many(self, items: Sequence[NewItem], *, max_items: int | None = None) -> builtins.list[QueueItem]:
@@ -246,7 +246,7 @@ class ORMStore(QueueStore):
                 cursor.execute(sql, params)
                 row = cursor.fetchone()
             if row is not None:
-                return self._row_to_item(row)
+                return new.to_queue_item()
             # The key is taken: return its item, unless that item left the queue
             # between the two statements, in which case the key is free again.
             existing = self._get_by_keys([new.key]).get(new.key)  # type: ignore[list-item, arg-type]
@@ -265,9 +265,9 @@ class ORMStore(QueueStore):
             for start in range(0, len(items), 500):
                 chunk = items[start : start + 500]
                 cursor.execute(self._insert_sql(len(chunk)), [v for new in chunk for v in self._insert_values(new)])
-                for row in cursor.fetchall():
-                    item = self._row_to_item(row)
-                    by_id[item.id] = item
+                # RETURNING names the rows inserted; a row whose key was taken is not.
+                added = {_id_text(row[0]) for row in cursor.fetchall()}
+                by_id.update((new.id, new.to_queue_item()) for new in chunk if new.id in added)
             inserted = [new for new in items if new.id in by_id]
             if inserted:
                 Message.objects.using(self.alias).bulk_create(
@@ -542,6 +542,11 @@ def _aware(value: Any) -> datetime | None:
         return value
     parsed = parse_datetime(value) if isinstance(value, str) else value
     return None if parsed is None else parsed.replace(tzinfo=UTC)
+
+
+def _id_text(value: Any) -> str:
+    """Return an id as text: psycopg gives a UUID, SQLite the 32 hex digits Django keeps."""
+    return str(value if isinstance(value, uuid.UUID) else uuid.UUID(value))
 
 
 def _key_race(new: NewItem) -> QueueError:
