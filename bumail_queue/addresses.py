@@ -24,6 +24,7 @@ _DOT_STRING = re.compile(rf"{_ATEXT}+(?:\.{_ATEXT}+)*")
 # qtextSMTP is %d32-33 / %d35-91 / %d93-126; quoted-pairSMTP is "\" %d32-126.
 _QUOTED_STRING = re.compile(r'"(?:[\x20\x21\x23-\x5b\x5d-\x7e\u0080-\U0010ffff]|\\[\x20-\x7e])*"')
 _LABEL = re.compile(r"[A-Za-z0-9\u0080-\U0010ffff](?:[A-Za-z0-9\-\u0080-\U0010ffff]*[A-Za-z0-9\u0080-\U0010ffff])?")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _GENERAL_LITERAL = re.compile(r"[A-Za-z0-9-]*[A-Za-z0-9]:[\x21-\x5a\x5e-\x7e]+")
 
 
@@ -89,7 +90,7 @@ def mailbox_problem(address: str) -> str | None:
     reason = unkeepable_reason(address)
     if reason:
         return reason
-    if any(ch in address for ch in "\r\n\t") or any(ord(ch) < 32 or ord(ch) == 127 for ch in address):
+    if _CONTROL.search(address):
         return "it holds a control character (CR, LF, TAB or another)"
     if len(address.encode("utf-8")) + 2 > MAX_PATH:
         return f"it is longer than {MAX_PATH - 2} octets"

@@ -71,6 +71,9 @@ class Message(models.Model):
         to_field="id",
         db_column="item_id",
         related_name="message",
+        # The store drops a message with its item in the same transaction; a database
+        # constraint would only add a check to every enqueue.
+        db_constraint=False,
     )
     data = models.BinaryField(_("data"))
 
