@@ -31,6 +31,7 @@ class MemoryStore(QueueStore):
         super().__init__(settings)  # type: ignore[arg-type]
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
+        self._id_by_key: dict[str, str] = {}
         self._seq = itertools.count(1)
 
     @staticmethod
@@ -45,22 +46,27 @@ class MemoryStore(QueueStore):
         for new in items:
             self.validate_new(new)
         with self._lock:
-            by_key = {e.item.key: e.item for e in self._entries.values() if e.item.key is not None}
-            fresh_keys = {new.key for new in items if new.key is not None and new.key not in by_key}
-            fresh = [new for new in items if new.key is None] + list(fresh_keys)
-            if max_items is not None and len(self._entries) + len(fresh) > max_items:
+            fresh_keys = {new.key for new in items if new.key is not None and new.key not in self._id_by_key}
+            fresh = sum(1 for new in items if new.key is None) + len(fresh_keys)
+            if max_items is not None and len(self._entries) + fresh > max_items:
                 raise QueueError(ErrorCode.FULL, f"The queue is full: it holds {len(self._entries)} items and MAX_ITEMS is {max_items}.")
             added = []
             for new in items:
-                if new.key is not None and new.key in by_key:
-                    added.append(self._copy(by_key[new.key]))
+                if new.key is not None and new.key in self._id_by_key:
+                    added.append(self._copy(self._entries[self._id_by_key[new.key]].item))
                     continue
                 item = new.to_queue_item()
                 self._entries[new.id] = _Entry(seq=next(self._seq), item=item, message=bytes(new.message))
                 if new.key is not None:
-                    by_key[new.key] = item
+                    self._id_by_key[new.key] = new.id
                 added.append(self._copy(item))
             return added
+
+    def _drop(self, item_id: str) -> _Entry | None:
+        entry = self._entries.pop(item_id, None)
+        if entry is not None and entry.item.key is not None:
+            del self._id_by_key[entry.item.key]
+        return entry
 
     def get(self, item_id: str) -> QueueItem | None:
         with self._lock:
@@ -133,7 +139,7 @@ class MemoryStore(QueueStore):
                 lease_expires_at=None,
             )
             if entry.item.is_finished:
-                del self._entries[item_id]
+                self._drop(item_id)
             return self._copy(entry.item)
 
     def reschedule(self, item_id: str, *, at: datetime, owner: str | None = None) -> bool:
@@ -153,5 +159,5 @@ class MemoryStore(QueueStore):
 
     def cancel(self, item_id: str) -> QueueItem | None:
         with self._lock:
-            entry = self._entries.pop(item_id, None) if self.is_known_id(item_id) else None
+            entry = self._drop(item_id) if self.is_known_id(item_id) else None
             return None if entry is None else self._copy(entry.item)
