@@ -43,6 +43,28 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "DELAY_WARNING": timedelta(hours=4),
     "MAX_ITEMS": None,
     "MAX_MESSAGE_SIZE": 25 * 1024 * 1024,
+    # RFC 5321 §4.5.4.1: retries at least 30 minutes apart, growing, with jitter.
+    "RETRY_MIN_DELAY": timedelta(minutes=30),
+    "RETRY_MAX_DELAY": timedelta(hours=4),
+    "RETRY_FACTOR": 2.0,
+    "RETRY_JITTER": 0.1,
+    "TIMEOUTS": {},
+    "CONNECTION_REUSE_SECONDS": 10,
+    "CLAIM_BATCH_SIZE": 50,
+    "POLL_SECONDS": 5,
+}
+
+#: RFC 5321 §4.5.3.2's timeouts, in seconds; ``TIMEOUTS`` overrides any of them.
+#: CONNECT and SESSION are ours: the TCP connection, and a whole session, DNS included.
+DEFAULT_TIMEOUTS: Final[Mapping[str, float]] = {
+    "CONNECT": 30,
+    "GREETING": 300,
+    "MAIL": 300,
+    "RCPT": 300,
+    "DATA": 120,
+    "DATA_BLOCK": 180,
+    "DATA_END": 600,
+    "SESSION": 1800,
 }
 
 #: The store aliases bumail_queue ships; anything else is a dotted path.
@@ -62,6 +84,8 @@ _REDIS_PREFIX = re.compile(r"[a-z][a-z0-9_:.\-]{0,39}")
 _PORT = re.compile(r"[0-9]{1,5}")
 # Durations beyond this are a mistake (and beyond what a timer or timedelta holds).
 _MAX_DURATION_SECONDS = 10 * 366 * 24 * 3600
+# The longest a timer waits (about 24 days, as the seed's original bounds them).
+_MAX_TIMEOUT_SECONDS = 2147483
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,6 +112,20 @@ class Route:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Timeouts:
+    """How long each step of an SMTP session may take, in seconds (RFC 5321 §4.5.3.2)."""
+
+    connect: float
+    greeting: float
+    mail: float
+    rcpt: float
+    data: float
+    data_block: float
+    data_end: float
+    session: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class QueueSettings:
     """The validated ``BUMAIL_QUEUE``; see ``docs/settings.md`` for each field."""
 
@@ -107,6 +145,14 @@ class QueueSettings:
     delay_warning: timedelta
     max_items: int | None
     max_message_size: int
+    retry_min_delay: timedelta
+    retry_max_delay: timedelta
+    retry_factor: float
+    retry_jitter: float
+    timeouts: Timeouts
+    connection_reuse_seconds: float
+    claim_batch_size: int
+    poll_seconds: float
 
     @property
     def lease(self) -> timedelta:
@@ -146,20 +192,17 @@ class _Validator:
             allowed = "a whole number above 0" + (", or None" if optional else "")
             self.add(check_id, key, f"BUMAIL_QUEUE['{key}'] must be {allowed}; got {value!r}.")
 
-    def duration(self, raw: Mapping[str, Any], key: str, check_id: str) -> None:
+    def duration(self, raw: Mapping[str, Any], key: str, check_id: str) -> float | None:
+        """Check a duration; return it in seconds, or ``None`` when it is not valid."""
         value = raw.get(key, DEFAULTS[key])
-        seconds = value.total_seconds() if isinstance(value, timedelta) else value
-        if (
-            isinstance(seconds, bool)
-            or not isinstance(seconds, int | float)
-            or not math.isfinite(seconds)
-            or not 0 < seconds <= _MAX_DURATION_SECONDS
-        ):
+        seconds = _duration_seconds(value)
+        if seconds is None:
             self.add(
                 check_id,
                 key,
                 f"BUMAIL_QUEUE['{key}'] must be a timedelta or a number of seconds above 0 and at most 10 years; got {value!r}.",
             )
+        return seconds
 
     def route(self, value: Any, where: str) -> None:
         if not isinstance(value, Mapping):
@@ -196,6 +239,13 @@ class _Validator:
             self.add("bumail_queue.E007", where, f"{where}['PASSWORD'] must be a string.")
         if (username is None) != (password is None):
             self.add("bumail_queue.E007", where, f"{where} needs both 'USERNAME' and 'PASSWORD' for AUTH, or neither.")
+
+
+def _duration_seconds(value: Any) -> float | None:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
+        return None
+    return float(seconds) if 0 < seconds <= _MAX_DURATION_SECONDS else None
 
 
 def _is_ip(value: str) -> bool:
@@ -294,6 +344,32 @@ def validate(raw: Any) -> list[Problem]:
         check.duration(raw, key, "bumail_queue.E011")
     check.positive_int(raw, "MAX_ITEMS", "bumail_queue.E012", optional=True)
     check.positive_int(raw, "MAX_MESSAGE_SIZE", "bumail_queue.E012")
+    min_delay = check.duration(raw, "RETRY_MIN_DELAY", "bumail_queue.E015")
+    max_delay = check.duration(raw, "RETRY_MAX_DELAY", "bumail_queue.E015")
+    if min_delay is not None and max_delay is not None and min_delay > max_delay:
+        check.add("bumail_queue.E015", "RETRY_MAX_DELAY", "BUMAIL_QUEUE['RETRY_MAX_DELAY'] must not be shorter than 'RETRY_MIN_DELAY'.")
+    factor = raw.get("RETRY_FACTOR", DEFAULTS["RETRY_FACTOR"])
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not math.isfinite(factor) or not 1 <= factor <= 10:
+        check.add("bumail_queue.E015", "RETRY_FACTOR", f"BUMAIL_QUEUE['RETRY_FACTOR'] must be a number from 1 to 10; got {factor!r}.")
+    jitter = raw.get("RETRY_JITTER", DEFAULTS["RETRY_JITTER"])
+    if isinstance(jitter, bool) or not isinstance(jitter, int | float) or not 0 <= jitter < 1:
+        check.add("bumail_queue.E015", "RETRY_JITTER", f"BUMAIL_QUEUE['RETRY_JITTER'] must be a number from 0 up to (not including) 1; got {jitter!r}.")
+    timeouts = raw.get("TIMEOUTS", DEFAULTS["TIMEOUTS"])
+    if not isinstance(timeouts, Mapping):
+        check.add("bumail_queue.E016", "TIMEOUTS", "BUMAIL_QUEUE['TIMEOUTS'] must be a dict of step name to seconds.")
+    else:
+        for step, seconds in timeouts.items():
+            if step not in DEFAULT_TIMEOUTS:
+                check.add("bumail_queue.E016", "TIMEOUTS", f"BUMAIL_QUEUE['TIMEOUTS'] has an unknown step {step!r}; the steps are {', '.join(DEFAULT_TIMEOUTS)}.")
+            elif isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) or not 0 < seconds <= _MAX_TIMEOUT_SECONDS:
+                check.add("bumail_queue.E016", "TIMEOUTS", f"BUMAIL_QUEUE['TIMEOUTS'][{step!r}] must be a number of seconds above 0 and at most {_MAX_TIMEOUT_SECONDS}; got {seconds!r}.")
+    reuse = raw.get("CONNECTION_REUSE_SECONDS", DEFAULTS["CONNECTION_REUSE_SECONDS"])
+    if isinstance(reuse, bool) or not isinstance(reuse, int | float) or not math.isfinite(reuse) or not 0 <= reuse <= 3600:
+        check.add("bumail_queue.E017", "CONNECTION_REUSE_SECONDS", f"BUMAIL_QUEUE['CONNECTION_REUSE_SECONDS'] must be a number of seconds from 0 (no reuse) to 3600; got {reuse!r}.")
+    check.positive_int(raw, "CLAIM_BATCH_SIZE", "bumail_queue.E017")
+    poll = raw.get("POLL_SECONDS", DEFAULTS["POLL_SECONDS"])
+    if isinstance(poll, bool) or not isinstance(poll, int | float) or not math.isfinite(poll) or not 0 < poll <= 3600:
+        check.add("bumail_queue.E017", "POLL_SECONDS", f"BUMAIL_QUEUE['POLL_SECONDS'] must be a number of seconds above 0 and at most 3600; got {poll!r}.")
     return check.problems
 
 
@@ -342,6 +418,14 @@ def load(raw: Any) -> QueueSettings:
         delay_warning=_as_timedelta(values["DELAY_WARNING"]),
         max_items=values["MAX_ITEMS"],
         max_message_size=values["MAX_MESSAGE_SIZE"],
+        retry_min_delay=_as_timedelta(values["RETRY_MIN_DELAY"]),
+        retry_max_delay=_as_timedelta(values["RETRY_MAX_DELAY"]),
+        retry_factor=float(values["RETRY_FACTOR"]),
+        retry_jitter=float(values["RETRY_JITTER"]),
+        timeouts=Timeouts(**{step.lower(): float(s) for step, s in {**DEFAULT_TIMEOUTS, **values["TIMEOUTS"]}.items()}),
+        connection_reuse_seconds=float(values["CONNECTION_REUSE_SECONDS"]),
+        claim_batch_size=values["CLAIM_BATCH_SIZE"],
+        poll_seconds=float(values["POLL_SECONDS"]),
     )
 
 
