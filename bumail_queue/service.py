@@ -6,6 +6,7 @@ import builtins
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from django.core.mail import EmailMessage
 from django.utils import timezone
@@ -16,6 +17,9 @@ from .errors import ErrorCode, QueueError
 from .items import NewItem, QueueItem
 from .stores import QueueStore, get_store
 from .text import require_keepable
+
+if TYPE_CHECKING:
+    from .worker import Stats
 
 Clock = Callable[[], datetime]
 
@@ -128,6 +132,18 @@ class QueueService:
     def cancel(self, id: str) -> QueueItem | None:
         """Drop the item and its message, with no DSN; return it as it stood."""
         return self.store.cancel(str(id))
+
+    def deliver_due(self, now: datetime | None = None, *, transport: Any = None, resolver: Any = None) -> Stats:
+        """Deliver everything due in this process, then return what was done.
+
+        For tests and cron: ``now`` fixes the clock for the whole pass, and the SMTP
+        transport and the DNS resolver can be given in place of the real ones.
+        """
+        from .worker import Worker
+
+        clock = self.clock if now is None else (lambda: now)
+        worker = Worker(settings=self.settings, store=self.store, transport=transport, resolver=resolver, clock=clock)
+        return worker.run_until_idle()
 
 
 queue = QueueService()

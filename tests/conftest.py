@@ -20,6 +20,9 @@ from bumail_queue.stores import get_store
 from bumail_queue.stores.memory import MemoryStore
 from bumail_queue.stores.orm import ORMStore
 
+# Real servers on loopback that tests configure: a DNS server, SMTP servers.
+pytest_plugins = ["tests.servers.dns"]
+
 VENDOR = {"django.db.backends.postgresql": "postgresql", "django.db.backends.sqlite3": "sqlite"}.get(
     settings.DATABASES["default"]["ENGINE"], "other"
 )

@@ -34,6 +34,18 @@ from bumail_queue.items import AttemptResult, NewItem, QueueItem
 from bumail_queue.text import is_keepable, require_keepable
 
 
+class WorkListener(abc.ABC):
+    """Wakes an idle worker when work is announced (PostgreSQL's LISTEN/NOTIFY)."""
+
+    @abc.abstractmethod
+    def wait(self, timeout: float) -> bool:
+        """Block until work is announced (``True``) or ``timeout`` seconds pass (``False``)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop listening and let go of the connection."""
+
+
 class QueueStore(abc.ABC):
     """Keeps the queue: items, their messages, and the leases of the workers."""
 
@@ -108,6 +120,10 @@ class QueueStore(abc.ABC):
     @abc.abstractmethod
     def cancel(self, item_id: str) -> QueueItem | None:
         """Drop the item and its message; return it as it stood, or ``None``."""
+
+    def listener(self) -> WorkListener | None:
+        """Return a way to sleep until new work is announced, or ``None`` to poll."""
+        return None
 
     def check(self, **kwargs: Any) -> Iterable[CheckMessage]:
         """Return the system check messages about this store's set-up."""

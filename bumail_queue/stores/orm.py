@@ -41,9 +41,11 @@ from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
 from bumail_queue.models import Item, Message, item_from_row
 
-from .base import QueueStore
+from .base import QueueStore, WorkListener
 
 SUPPORTED_VENDORS = ("postgresql", "sqlite")
+#: The NOTIFY channel that enqueues, retries and give-backs signal on PostgreSQL.
+WAKE_CHANNEL = "bumail_queue"
 # Serialises adds that count against MAX_ITEMS across every process (pg_advisory_xact_lock).
 _MAX_ITEMS_LOCK = 0x62756D61696C  # "bumail"
 # How often complete() re-reads an item whose outcome another write changed meanwhile.
@@ -235,7 +237,12 @@ class ORMStore(QueueStore):
             f"INSERT INTO {self._table(self._messages)} ({self._q('item_id')}, {self._q('data')}) "
             f"SELECT {self._q('id')}, %s FROM new_item"
         )
-        return f"WITH new_item AS ({self._insert_sql(1)}), new_message AS ({message_sql}) SELECT * FROM new_item"
+        # pg_notify wakes idle workers once the statement (or the caller's transaction)
+        # commits; PostgreSQL folds the notices of one transaction into one.
+        return (
+            f"WITH new_item AS ({self._insert_sql(1)}), new_message AS ({message_sql}) "
+            f"SELECT {self._q('id')}, pg_notify('{WAKE_CHANNEL}', '') FROM new_item"
+        )
 
     def _add_one_statement(self, new: NewItem) -> QueueItem:
         # The item and its message in one statement: one round trip, atomic by itself.
@@ -269,6 +276,8 @@ class ORMStore(QueueStore):
                 added = {_id_text(row[0]) for row in cursor.fetchall()}
                 by_id.update((new.id, new.to_queue_item()) for new in chunk if new.id in added)
             inserted = [new for new in items if new.id in by_id]
+            if inserted and self.connection.vendor == "postgresql":
+                cursor.execute(f"SELECT pg_notify('{WAKE_CHANNEL}', '')")
             if inserted:
                 Message.objects.using(self.alias).bulk_create(
                     [Message(item_id=uuid.UUID(new.id), data=new.message) for new in inserted]
@@ -495,9 +504,18 @@ class ORMStore(QueueStore):
                 f"{q('lease_expires_at')} = NULL WHERE {q('id')} = %s AND {q('lease_owner')} = %s"
             )
             params = [when, key, owner]
+        if self.connection.vendor == "postgresql":
+            # An item made due (retry now, given back) wakes idle workers on commit.
+            sql = f"WITH moved AS ({sql} RETURNING 1) SELECT pg_notify('{WAKE_CHANNEL}', '') FROM moved"
         with self._writing(single_statement=True) as cursor:
             cursor.execute(sql, params)
             return bool(cursor.rowcount == 1)
+
+    def listener(self) -> WorkListener | None:
+        """On PostgreSQL, a ``LISTEN`` on its own connection: idle workers wake on enqueue."""
+        if self.connection.vendor != "postgresql":
+            return None
+        return _PostgresListener(self.alias)
 
     def cancel(self, item_id: str) -> QueueItem | None:
         key = self._prep_id(item_id)
@@ -542,6 +560,27 @@ def _aware(value: Any) -> datetime | None:
         return value
     parsed = parse_datetime(value) if isinstance(value, str) else value
     return None if parsed is None else parsed.replace(tzinfo=UTC)
+
+
+class _PostgresListener(WorkListener):
+    """A connection of its own that LISTENs; a pooler in transaction mode cannot, and
+    then the worker's poll (``POLL_SECONDS``) still finds the work."""
+
+    def __init__(self, alias: str) -> None:
+        # A separate Django connection, so it has every option of the alias.
+        self._wrapper = connections.create_connection(alias)
+        self._wrapper.ensure_connection()
+        self._wrapper.set_autocommit(True)
+        self._raw = self._wrapper.connection
+        self._raw.execute(f"LISTEN {WAKE_CHANNEL}")
+
+    def wait(self, timeout: float) -> bool:
+        for _ in self._raw.notifies(timeout=timeout, stop_after=1):
+            return True
+        return False
+
+    def close(self) -> None:
+        self._wrapper.close()
 
 
 def _id_text(value: Any) -> str:

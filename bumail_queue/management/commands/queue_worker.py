@@ -1,0 +1,102 @@
+"""``manage.py queue_worker``: claim due mail and deliver it until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from bumail_queue.conf import get_settings
+from bumail_queue.worker import Worker
+
+
+def positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} must be 1 or more")
+    return number
+
+
+def owner_name(value: str) -> str:
+    if not value or len(value) > 255 or any(ord(ch) < 33 or ord(ch) == 127 for ch in value):
+        raise argparse.ArgumentTypeError("an owner name is 1 to 255 printable characters without spaces")
+    return value
+
+
+@contextmanager
+def stop_on_signals(worker: Worker) -> Iterator[None]:
+    """First SIGTERM/SIGINT: stop gracefully. Second: exit at once (status 1)."""
+
+    def handle(signum: int, frame: Any) -> None:
+        if worker.stopping:
+            logging.getLogger(__name__).warning("second signal: exiting now")
+            sys.exit(1)
+        logging.getLogger(__name__).info("signal %s: stopping after the deliveries under way", signal.Signals(signum).name)
+        worker.stop()
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class Command(BaseCommand):
+    help = "Deliver queued mail: claim what is due, send it over SMTP, record each recipient's outcome."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--concurrency", type=positive_int, help="SMTP sessions in flight (default: CONCURRENCY)")
+        parser.add_argument("--domain-concurrency", type=positive_int, help="sessions per destination domain (default: DOMAIN_CONCURRENCY)")
+        parser.add_argument("--owner", type=owner_name, help="this worker's name on its leases (default: host-pid-random)")
+        parser.add_argument("--burst", action="store_true", help="deliver what is due, then exit")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self._configure_logging(options["verbosity"])
+        settings = get_settings()
+        worker = Worker(
+            settings=settings,
+            owner=options["owner"],
+            concurrency=options["concurrency"],
+            domain_concurrency=options["domain_concurrency"],
+            burst=options["burst"],
+        )
+        logging.getLogger("bumail_queue.worker").info(
+            "starting owner=%s store=%s route=%s concurrency=%d domain_concurrency=%d lease=%ss burst=%s",
+            worker.owner, type(worker.store).__name__, _describe_route(settings), worker.concurrency,
+            worker.domain_concurrency, settings.lease_seconds, worker.burst,
+        )  # fmt: skip
+        with stop_on_signals(worker):
+            stats = worker.run()
+        logging.getLogger("bumail_queue.worker").info(
+            "stopped items=%d delivered=%d deferred=%d failed=%d",
+            stats.items, stats.delivered, stats.deferred, stats.failed,
+        )  # fmt: skip
+
+    def _configure_logging(self, verbosity: int) -> None:
+        root = logging.getLogger("bumail_queue")
+        if not root.handlers:
+            handler = logging.StreamHandler(self.stdout)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+            root.addHandler(handler)
+        root.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+
+
+def _describe_route(settings: Any) -> str:
+    # Never the password: the host, the port and whether AUTH is used.
+    route = settings.route
+    if route.type == "mx":
+        return "mx"
+    auth = " auth" if route.username else ""
+    return f"smarthost {route.host}:{route.port} tls={route.tls}{auth}"
+
+

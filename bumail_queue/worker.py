@@ -1,0 +1,533 @@
+"""The worker: claims due items, delivers them over SMTP, records every outcome.
+
+One ``Worker`` runs one claim loop in the calling thread and delivers on a pool of
+``CONCURRENCY`` threads (SMTP is I/O, and ``smtplib`` blocks). The loop:
+
+1. claims up to ``CLAIM_BATCH_SIZE`` due items, never more than it has free slots for;
+2. starts each on a thread once its destinations have a free ``DOMAIN_CONCURRENCY``
+   slot (an item waiting for a busy domain never blocks the others);
+3. sleeps until a delivery ends, the store announces new work, or ``POLL_SECONDS``.
+
+A side thread renews every held lease each third of ``LEASE_SECONDS``. ``stop()``
+claims nothing more, lets deliveries under way end and records them, and gives back
+what was claimed but not started: due at once, no attempt counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import queue as queue_module
+import random
+import socket
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from django.db import close_old_connections, connections
+from django.utils import timezone
+
+from bumail_queue import signals
+from bumail_queue.conf import QueueSettings, Route, get_settings
+from bumail_queue.delivery.dsn import ReportedRecipient, build_dsn
+from bumail_queue.delivery.envelope import Delivery, Envelope, Host
+from bumail_queue.delivery.retry import has_expired, is_delay_due, retry_delay
+from bumail_queue.delivery.routes import Destination, group_by_destination
+from bumail_queue.errors import ErrorCode, QueueError
+from bumail_queue.items import AttemptResult, Outcome, QueueItem, RecipientStatus, Reply
+from bumail_queue.stores import QueueStore, get_store
+from bumail_queue.stores.base import WorkListener
+
+logger = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+
+LOST_MESSAGE_REPLY = Reply(
+    code=None, status="5.3.0", text="Message unreadable: the queue store holds the item but not its message"
+)
+
+
+class Transport(Protocol):
+    """Delivers one envelope to the first host of ``hosts`` that takes it."""
+
+    def deliver(self, envelope: Envelope, *, route: Route, hosts: Sequence[Host]) -> Delivery: ...
+
+    def close_idle(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Resolver(Protocol):
+    """Finds the hosts that receive a domain's mail (``delivery.dns.MXResolver``)."""
+
+    def destinations(self, domain: str) -> Any: ...
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class Attempt:
+    """What one attempt at an item decided, before it is recorded."""
+
+    item: QueueItem
+    result: AttemptResult
+    remote_hosts: dict[str, str | None]
+    lost_message: bool = False
+    delay_due: bool = False
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class Stats:
+    """What a worker did: items attempted, and recipients by outcome."""
+
+    items: int = 0
+    delivered: int = 0
+    deferred: int = 0
+    failed: int = 0
+
+
+def default_owner() -> str:
+    """Return a lease owner name unique to this process: host, pid and a random part."""
+    return f"{socket.gethostname()}-{os.getpid()}-{random.randrange(16**6):06x}"  # noqa: S311 - a name, not a secret
+
+
+class _Pool:
+    """A fixed set of threads; each closes its own database connections when it ends."""
+
+    def __init__(self, size: int) -> None:
+        self._jobs: queue_module.SimpleQueue[Callable[[], None] | None] = queue_module.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"bumail-queue-delivery-{n}", daemon=True) for n in range(size)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _serve(self) -> None:
+        try:
+            while (job := self._jobs.get()) is not None:
+                job()
+        finally:
+            connections.close_all()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+
+    def shutdown(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
+        for thread in self._threads:
+            thread.join()
+
+
+class Worker:
+    """Claims due items and delivers them; see the module's docstring."""
+
+    def __init__(
+        self,
+        *,
+        settings: QueueSettings | None = None,
+        store: QueueStore | None = None,
+        transport: Transport | None = None,
+        resolver: Resolver | None = None,
+        owner: str | None = None,
+        concurrency: int | None = None,
+        domain_concurrency: int | None = None,
+        burst: bool = False,
+        clock: Clock = timezone.now,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings or get_settings()
+        self.store = store or get_store()
+        self.owner = owner or default_owner()
+        QueueStore.validate_owner(self.owner)
+        self.concurrency = concurrency or self.settings.concurrency
+        self.domain_concurrency = domain_concurrency or self.settings.domain_concurrency
+        self.burst = burst
+        self.clock = clock
+        self.rng = rng or random.Random()  # noqa: S311 - jitter, not a secret
+        self.transport = transport or self._default_transport()
+        self.resolver = resolver or self._default_resolver()
+        self.stats = Stats()
+        self._changed = threading.Condition()
+        self._stopping = threading.Event()
+        self._done = threading.Event()
+        self._waiting: list[QueueItem] = []
+        self._in_flight: dict[str, QueueItem] = {}
+        self._busy: Counter[str] = Counter()
+        self._lease_until: dict[str, datetime] = {}
+
+    def _default_transport(self) -> Transport:
+        from bumail_queue.delivery.smtp import SMTPTransport
+
+        return SMTPTransport(
+            hostname=self.settings.hostname,
+            timeouts=self.settings.timeouts,
+            reuse_seconds=self.settings.connection_reuse_seconds,
+        )
+
+    def _default_resolver(self) -> Resolver:
+        from bumail_queue.delivery.dns import MXResolver
+
+        return MXResolver(
+            nameservers=self.settings.dns_nameservers,
+            port=self.settings.mx_port,
+            timeout=min(30.0, self.settings.timeouts.session),
+        )
+
+    # -- control ----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Claim nothing more; deliveries under way end, unstarted claims are given back."""
+        self._stopping.set()
+        self.wake()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def wake(self) -> None:
+        """Make an idle loop look for due items now (new mail was queued)."""
+        with self._changed:
+            self._changed.notify_all()
+
+    def run_until_idle(self) -> Stats:
+        """Deliver everything due, then return (``--burst``, ``queue.deliver_due()``)."""
+        self.burst = True
+        return self.run()
+
+    def run(self) -> Stats:
+        """Run the claim loop until ``stop()`` (or, in burst mode, until nothing is due)."""
+        pool = _Pool(self.concurrency)
+        renewer = threading.Thread(target=self._renew_leases, name="bumail-queue-leases", daemon=True)
+        renewer.start()
+        listener = threading.Thread(target=self._listen, name="bumail-queue-listener", daemon=True)
+        if not self.burst:
+            listener.start()
+        try:
+            self._loop(pool)
+        finally:
+            self._give_back_waiting()
+            self._wait_for_deliveries()
+            self._done.set()
+            pool.shutdown()
+            renewer.join()
+            if listener.is_alive():
+                listener.join()
+            self.transport.close()
+        return self.stats
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def _loop(self, pool: _Pool) -> None:
+        while not self._stopping.is_set():
+            close_old_connections()
+            claimed = self._claim()
+            self._start_what_fits(pool)
+            if claimed:
+                continue
+            with self._changed:
+                if self.burst and not self._waiting and not self._in_flight:
+                    return
+                self._changed.wait(timeout=self.settings.poll_seconds)
+            self.transport.close_idle()
+
+    def _free_slots(self) -> int:
+        # Up to CONCURRENCY items may wait for a busy domain beside those in flight, so
+        # that a domain at its limit never keeps the others' mail from being claimed.
+        with self._changed:
+            if len(self._in_flight) >= self.concurrency:
+                return 0
+            return 2 * self.concurrency - len(self._in_flight) - len(self._waiting)
+
+    def _claim(self) -> list[QueueItem]:
+        free = self._free_slots()
+        if free <= 0:
+            return []
+        now = self.clock()
+        until = now + self.settings.lease
+        try:
+            claimed = self.store.claim(
+                owner=self.owner, now=now, lease_until=until, limit=min(free, self.settings.claim_batch_size)
+            )
+        except QueueError as error:
+            self._report_error(error, None)
+            self._stopping.wait(min(self.settings.poll_seconds, 5))
+            return []
+        with self._changed:
+            self._waiting.extend(claimed)
+            for item in claimed:
+                self._lease_until[item.id] = until
+        return claimed
+
+    def _limit_keys(self, item: QueueItem) -> set[str]:
+        pending = [r.address for r in item.pending_recipients]
+        return {d.limit_key for d in group_by_destination(pending, self.settings)}
+
+    def _start_what_fits(self, pool: _Pool) -> None:
+        with self._changed:
+            still_waiting = []
+            for item in self._waiting:
+                keys = self._limit_keys(item)
+                if any(self._busy[key] >= self.domain_concurrency for key in keys):
+                    still_waiting.append(item)
+                    continue
+                self._busy.update(keys)
+                self._in_flight[item.id] = item
+                pool.submit(functools.partial(self._deliver, item, keys, pool))
+            self._waiting = still_waiting
+
+    def _finished(self, item: QueueItem, keys: set[str], pool: _Pool) -> None:
+        with self._changed:
+            self._busy.subtract(keys)
+            self._busy += Counter()  # drop the keys that reached zero
+            self._in_flight.pop(item.id, None)
+            self._lease_until.pop(item.id, None)
+            self._changed.notify_all()
+        if not self._stopping.is_set():
+            self._start_what_fits(pool)
+
+    def _give_back_waiting(self) -> None:
+        with self._changed:
+            waiting, self._waiting = self._waiting, []
+        now = self.clock()
+        for item in waiting:
+            try:
+                self.store.reschedule(item.id, at=now, owner=self.owner)
+            except QueueError as error:
+                self._report_error(error, item.id)
+            self._lease_until.pop(item.id, None)
+        if waiting:
+            logger.info("gave back items=%d owner=%s", len(waiting), self.owner, extra={"action": "give_back"})
+
+    def _wait_for_deliveries(self) -> None:
+        with self._changed:
+            while self._in_flight:
+                self._changed.wait(timeout=1)
+
+    def _renew_leases(self) -> None:
+        # Runs until the loop and every delivery are over: a stopping worker's
+        # sessions under way still need their leases.
+        try:
+            while not self._done.wait(self.settings.lease_seconds / 3):
+                with self._changed:
+                    held = list(self._lease_until)
+                until = self.clock() + self.settings.lease
+                for item_id in held:
+                    try:
+                        renewed = self.store.renew(item_id, owner=self.owner, lease_until=until)
+                    except QueueError as error:
+                        self._report_error(error, item_id)
+                        continue
+                    with self._changed:
+                        if renewed and item_id in self._lease_until:
+                            self._lease_until[item_id] = until
+        finally:
+            connections.close_all()
+
+    def _listen(self) -> None:
+        # Sleeps on the store's announcements (LISTEN/NOTIFY) and wakes the loop, so
+        # new mail starts within milliseconds; the poll stays as the fall-back.
+        listener: WorkListener | None = None
+        try:
+            while not self._stopping.is_set():
+                try:
+                    if listener is None:
+                        listener = self.store.listener()
+                        if listener is None:
+                            return
+                    if listener.wait(timeout=1.0):
+                        self.wake()
+                except Exception as error:  # a dropped connection: say so, then listen anew
+                    self._report_error(error, None)
+                    if listener is not None:
+                        listener.close()
+                    listener = None
+                    self._stopping.wait(self.settings.poll_seconds)
+        finally:
+            if listener is not None:
+                listener.close()
+            connections.close_all()
+
+    # -- one item ---------------------------------------------------------------------
+
+    def _deliver(self, item: QueueItem, keys: set[str], pool: _Pool) -> None:
+        try:
+            attempt = self.attempt(item)
+            if attempt is not None:
+                self.record(attempt)
+        except Exception as error:  # a bug or a store down: the lease brings the item back
+            logger.exception("delivery failed item=%s", item.id, extra={"action": "error", "item_id": item.id})
+            self._report_error(error, item.id)
+        finally:
+            self._finished(item, keys, pool)
+
+    def attempt(self, item: QueueItem) -> Attempt | None:
+        """Try every pending recipient of ``item`` once; ``None`` if the item is gone."""
+        message = self.store.read_message(item.id)
+        if message is None:
+            if self.store.get(item.id) is None:
+                return None  # cancelled, or finished by another worker: not ours to tell
+            lost = {r.address: Outcome(status=RecipientStatus.FAILED, reply=LOST_MESSAGE_REPLY) for r in item.pending_recipients}
+            return self._attempt_from(item, lost, dict.fromkeys(lost), lost_message=True)
+        outcomes: dict[str, Outcome] = {}
+        remote_hosts: dict[str, str | None] = {}
+        pending = [r.address for r in item.pending_recipients]
+        for destination, addresses in group_by_destination(pending, self.settings).items():
+            delivery = self._deliver_to(destination, Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message))
+            for address in addresses:
+                outcomes[address] = delivery.outcomes[address]
+                remote_hosts[address] = delivery.remote_host
+        return self._attempt_from(item, outcomes, remote_hosts)
+
+    def _deliver_to(self, destination: Destination, envelope: Envelope) -> Delivery:
+        route = destination.route
+        if route.type == "smarthost":
+            assert route.host is not None and route.port is not None
+            hosts: Sequence[Host] = [Host(name=route.host, port=route.port)]
+        else:
+            assert destination.domain is not None
+            found = self.resolver.destinations(destination.domain)
+            if found.failure is not None:
+                return Delivery(outcomes=dict.fromkeys(envelope.recipients, found.failure), remote_host=None)
+            hosts = found.hosts
+        return self.transport.deliver(envelope, route=route, hosts=hosts)
+
+    def _attempt_from(
+        self, item: QueueItem, outcomes: dict[str, Outcome], remote_hosts: dict[str, str | None], *, lost_message: bool = False
+    ) -> Attempt:
+        now = self.clock()
+        if has_expired(item.created_at, now, self.settings):
+            outcomes = {address: _expired(outcome, self.settings.max_age) for address, outcome in outcomes.items()}
+        still_deferred = any(o.status == RecipientStatus.DEFERRED for o in outcomes.values())
+        delay_due = bool(item.sender) and still_deferred and not item.delay_notified and is_delay_due(item.created_at, now, self.settings)
+        result = AttemptResult(
+            outcomes=outcomes,
+            next_attempt_at=now + retry_delay(item.attempts + 1, self.settings, self.rng),
+            delay_notified=True if delay_due else None,
+        )
+        return Attempt(item=item, result=result, remote_hosts=remote_hosts, lost_message=lost_message, delay_due=delay_due)
+
+    # -- recording and telling ---------------------------------------------------------
+
+    def record(self, attempt: Attempt) -> QueueItem | None:
+        """Record an attempt while the lease holds, then send its signals and DSNs."""
+        item = attempt.item
+        try:
+            recorded = self.store.complete(item.id, owner=self.owner, result=attempt.result)
+        except QueueError as error:
+            self._report_error(error, item.id)
+            return None
+        if recorded is None:
+            lease_until = self._lease_until.get(item.id)
+            if lease_until is not None and self.clock() < lease_until and not attempt.lost_message:
+                # Cancelled while we held the lease: say what the session did, no DSN.
+                self._tell_outcomes(attempt, None)
+            elif not attempt.lost_message:
+                self._report_error(
+                    QueueError(
+                        ErrorCode.LEASE_LOST,
+                        f"Item {item.id} left the queue after its lease expired: lost to another worker or cancelled; nothing was recorded.",
+                        item_id=item.id,
+                    ),
+                    item.id,
+                )
+            return None
+        if attempt.lost_message:
+            self._report_error(
+                QueueError(
+                    ErrorCode.MESSAGE_UNREADABLE,
+                    f"The message of {item.id} is unreadable: the store holds the item but not its message, so every pending recipient failed.",
+                    item_id=item.id,
+                ),
+                item.id,
+            )
+        self._tell_outcomes(attempt, recorded)
+        self._send_dsns(attempt)
+        return recorded
+
+    def _tell_outcomes(self, attempt: Attempt, recorded: QueueItem | None) -> None:
+        item = attempt.item
+        with self._changed:
+            self.stats.items += 1
+            for outcome in attempt.result.outcomes.values():
+                name = outcome.status.value
+                setattr(self.stats, name, getattr(self.stats, name) + 1)
+        for address, outcome in attempt.result.outcomes.items():
+            reply = outcome.reply
+            logger.info(
+                "outcome item=%s recipient=%s status=%s reply=%s %s %s",
+                item.id, address, outcome.status.value, reply.code, reply.status, reply.text,
+                extra={"action": outcome.status.value, "item_id": item.id},
+            )  # fmt: skip
+            if outcome.status == RecipientStatus.DELIVERED:
+                signals.send(signals.delivered, item_id=item.id, recipient=address, reply=reply)
+            elif outcome.status == RecipientStatus.FAILED:
+                signals.send(signals.failed, item_id=item.id, recipient=address, reply=reply)
+            else:
+                next_at = recorded.next_attempt_at if recorded is not None else attempt.result.next_attempt_at
+                signals.send(signals.deferred, item_id=item.id, recipient=address, reply=reply, next_attempt_at=next_at)
+
+    def _send_dsns(self, attempt: Attempt) -> None:
+        item = attempt.item
+        if not item.sender:
+            return  # never a DSN about a message from <>
+        now = self.clock()
+        failed = [a for a, o in attempt.result.outcomes.items() if o.status == RecipientStatus.FAILED]
+        if failed:
+            self._send_dsn("failed", attempt, failed, now)
+        if attempt.delay_due:
+            delayed = [a for a, o in attempt.result.outcomes.items() if o.status == RecipientStatus.DEFERRED]
+            self._send_dsn("delayed", attempt, delayed, now)
+
+    def _send_dsn(self, kind: str, attempt: Attempt, addresses: list[str], now: datetime) -> None:
+        from bumail_queue.service import QueueService
+
+        item = attempt.item
+        reported = [
+            ReportedRecipient(
+                address=address,
+                action=kind,  # type: ignore[arg-type]
+                reply=attempt.result.outcomes[address].reply,
+                remote_mta=attempt.remote_hosts.get(address),
+                last_attempt_at=now,
+            )
+            for address in addresses
+        ]
+        try:
+            original = None if attempt.lost_message else self.store.read_message(item.id)
+            data = build_dsn(
+                kind=kind,  # type: ignore[arg-type]
+                reporting_mta=self.settings.hostname,
+                original=item,
+                original_message=original,
+                recipients=reported,
+                now=now,
+                will_retry_until=item.created_at + self.settings.max_age if kind == "delayed" else None,
+            )
+            service = QueueService(store=self.store, settings=self.settings, clock=self.clock)
+            dsn_item = service.enqueue(data, sender="", recipients=[item.sender])
+        except QueueError as error:
+            self._report_error(error, item.id)
+            return
+        signals.send(signals.dsn, kind=kind, dsn_id=dsn_item.id, of=item.id, to=item.sender, recipients=addresses)
+
+    def _report_error(self, error: BaseException, item_id: str | None) -> None:
+        logger.warning("error item=%s %s", item_id, error, extra={"action": "error", "item_id": item_id})
+        signals.send(signals.error, error=error, item_id=item_id)
+
+
+def _expired(outcome: Outcome, max_age: timedelta) -> Outcome:
+    """Turn a deferral past ``MAX_AGE`` into a final failure (4.4.7), keeping the last reply."""
+    if outcome.status != RecipientStatus.DEFERRED:
+        return outcome
+    reply = outcome.reply
+    text = f"Delivery time expired after {_days(max_age)}; last reply: {reply.status} {reply.text}"
+    return Outcome(status=RecipientStatus.FAILED, reply=Reply(code=reply.code, status="4.4.7", text=text[:512]))
+
+
+def _days(span: timedelta) -> str:
+    days = span.total_seconds() / 86400
+    return f"{days:g} days" if days >= 1 else f"{span.total_seconds():g} seconds"
+

@@ -1,0 +1,292 @@
+"""The worker's decisions with an injected transport and clock, on the real store.
+
+The transport here answers from a script, so each test can say what the remote
+servers replied; the SMTP client itself is tested against real servers elsewhere.
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.test import override_settings
+
+from bumail_queue import signals
+from bumail_queue.delivery.dns import Destinations
+from bumail_queue.delivery.envelope import Delivery, Host
+from bumail_queue.errors import QueueError
+from bumail_queue.items import Outcome, RecipientStatus, Reply
+from bumail_queue.service import QueueService
+from bumail_queue.stores import get_store
+from bumail_queue.worker import Worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
+SMARTHOST = {"TYPE": "smarthost", "HOST": "relay.example.net", "PORT": 2525, "TLS": "none"}
+SETTINGS = {"HOSTNAME": "mta.example.com", "ROUTE": SMARTHOST, "RETRY_JITTER": 0}
+
+OK = Reply(code=250, status="2.0.0", text="OK queued")
+LATER = Reply(code=451, status="4.3.0", text="Try again later")
+UNKNOWN = Reply(code=550, status="5.1.1", text="No such user")
+
+
+class ScriptedTransport:
+    """Answers each recipient from ``replies`` (address -> Reply); 250 for the rest."""
+
+    def __init__(self, replies=None, *, on_deliver=None):
+        self.replies = replies or {}
+        self.envelopes = []
+        self.on_deliver = on_deliver
+        self.lock = threading.Lock()
+
+    def deliver(self, envelope, *, route, hosts):
+        with self.lock:
+            self.envelopes.append((envelope, route, tuple(hosts)))
+        if self.on_deliver:
+            self.on_deliver(envelope)
+        outcomes = {}
+        for address in envelope.recipients:
+            reply = self.replies.get(address, OK)
+            status = {2: RecipientStatus.DELIVERED, 4: RecipientStatus.DEFERRED, 5: RecipientStatus.FAILED}[reply.code // 100]
+            outcomes[address] = Outcome(status=status, reply=reply)
+        return Delivery(outcomes=outcomes, remote_host="relay.example.net")
+
+    def close_idle(self):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.fixture(autouse=True)
+def _settings():
+    with override_settings(BUMAIL_QUEUE=SETTINGS):
+        yield
+
+
+@pytest.fixture
+def told():
+    """Every signal sent, in order, as (name, kwargs)."""
+    events = []
+    receivers = {}
+    for name in ("delivered", "deferred", "failed", "dsn", "error"):
+        def receiver(sender, name=name, **kwargs):
+            kwargs.pop("signal", None)
+            events.append((name, kwargs))
+        receivers[name] = receiver
+        getattr(signals, name).connect(receiver, weak=False)
+    yield events
+    for name, receiver in receivers.items():
+        getattr(signals, name).disconnect(receiver)
+
+
+def enqueue(recipients, *, sender="app@example.com", at=T0):
+    service = QueueService(clock=lambda: at)
+    raw = f"From: {sender or 'nobody@example.com'}\r\nTo: {', '.join(recipients)}\r\nSubject: Hello\r\n\r\nHi.\r\n".encode()
+    return service.enqueue(raw, sender=sender, recipients=recipients)
+
+
+def run(transport, now=T0, **kwargs):
+    return QueueService(clock=lambda: now).deliver_due(now=now, transport=transport, **kwargs)
+
+
+def test_delivered_recipients_leave_the_queue_and_are_told(told):
+    item = enqueue(["a@example.org", "b@example.org"])
+    transport = ScriptedTransport()
+    stats = run(transport)
+    assert (stats.items, stats.delivered) == (1, 2)
+    assert get_store().get(item.id) is None
+    [(envelope, route, hosts)] = transport.envelopes  # one transaction for both recipients
+    assert envelope.recipients == ("a@example.org", "b@example.org")
+    assert route.host == "relay.example.net"
+    assert [(h.name, h.port) for h in hosts] == [("relay.example.net", 2525)]
+    assert [(name, kw["recipient"], kw["reply"]) for name, kw in told] == [
+        ("delivered", "a@example.org", OK),
+        ("delivered", "b@example.org", OK),
+    ]
+
+
+def test_each_recipient_keeps_its_own_state_and_a_dsn_reports_the_failure(told):
+    item = enqueue(["ok@example.org", "later@example.org", "gone@example.org"])
+    transport = ScriptedTransport({"later@example.org": LATER, "gone@example.org": UNKNOWN})
+    run(transport)
+    kept = get_store().get(item.id)
+    assert [(r.address, r.status, r.reply) for r in kept.recipients] == [
+        ("ok@example.org", RecipientStatus.DELIVERED, OK),
+        ("later@example.org", RecipientStatus.DEFERRED, LATER),
+        ("gone@example.org", RecipientStatus.FAILED, UNKNOWN),
+    ]
+    assert kept.attempts == 1
+    assert kept.next_attempt_at == T0 + timedelta(minutes=30)
+    about_item = [(name, kw) for name, kw in told if kw.get("item_id", kw.get("of")) == item.id]
+    assert [name for name, _ in about_item] == ["delivered", "deferred", "failed", "dsn"]
+    assert about_item[1][1]["next_attempt_at"] == T0 + timedelta(minutes=30)
+    dsn = about_item[3][1]
+    assert (dsn["kind"], dsn["to"], dsn["recipients"]) == ("failed", "app@example.com", ["gone@example.org"])
+    # The DSN is queued like any mail, from the null sender, and delivered in the same pass.
+    [report] = [e for e, _, _ in transport.envelopes if e.item_id == dsn["dsn_id"]]
+    assert (report.sender, report.recipients) == ("", ("app@example.com",))
+    parsed = email.message_from_bytes(report.message, policy=email.policy.default)
+    assert parsed.get_content_type() == "multipart/report"
+    assert "gone@example.org" in parsed.as_string()
+
+
+def test_a_retry_delivers_only_the_recipients_still_pending():
+    item = enqueue(["ok@example.org", "later@example.org"])
+    run(ScriptedTransport({"later@example.org": LATER}))
+    transport = ScriptedTransport()
+    run(transport, now=T0 + timedelta(minutes=29))
+    assert transport.envelopes == []  # not due yet
+    run(transport, now=T0 + timedelta(minutes=30))
+    assert [e.recipients for e, _, _ in transport.envelopes] == [("later@example.org",)]
+    assert get_store().get(item.id) is None
+
+
+def test_a_recipient_deferred_past_max_age_fails_as_4_4_7(told):
+    item = enqueue(["later@example.org"])
+    with override_settings(BUMAIL_QUEUE={**SETTINGS, "MAX_AGE": timedelta(days=1), "DELAY_WARNING": timedelta(days=2)}):
+        run(ScriptedTransport({"later@example.org": LATER}), now=T0 + timedelta(days=1))
+    assert get_store().get(item.id) is None
+    failed = [kw for name, kw in told if name == "failed"]
+    assert failed[0]["reply"].status == "4.4.7"
+    assert "expired" in failed[0]["reply"].text
+    assert [kw["kind"] for name, kw in told if name == "dsn"] == ["failed"]
+
+
+def test_one_delay_dsn_once_a_recipient_has_waited_delay_warning(told):
+    item = enqueue(["later@example.org"])
+    transport = ScriptedTransport({"later@example.org": LATER})
+    run(transport, now=T0 + timedelta(hours=1))
+    assert [n for n, _ in told if n == "dsn"] == []
+    told.clear()
+    get_store().reschedule(item.id, at=T0)
+    run(transport, now=T0 + timedelta(hours=4))
+    assert [kw["kind"] for n, kw in told if n == "dsn"] == ["delayed"]
+    assert get_store().get(item.id).delay_notified is True
+    told.clear()
+    get_store().reschedule(item.id, at=T0)
+    run(transport, now=T0 + timedelta(hours=5))
+    assert [n for n, _ in told if n == "dsn"] == []  # one per item
+
+
+def test_never_a_dsn_about_a_message_from_the_null_sender(told):
+    enqueue(["gone@example.org"], sender="")
+    run(ScriptedTransport({"gone@example.org": UNKNOWN}))
+    assert [name for name, _ in told] == ["failed"]
+
+
+def test_a_message_the_store_lost_fails_its_recipients_as_5_3_0(told):
+    item = enqueue(["a@example.org"])
+    from bumail_queue.models import Message
+
+    Message.objects.filter(item__id=item.id).delete()
+    transport = ScriptedTransport()
+    run(transport)
+    assert [e for e, _, _ in transport.envelopes if e.item_id == item.id] == []  # no session
+    assert get_store().get(item.id) is None
+    about_item = [(name, kw) for name, kw in told if kw.get("item_id", kw.get("of")) == item.id]
+    assert [name for name, _ in about_item] == ["error", "failed", "dsn"]
+    assert about_item[0][1]["error"].code == "MESSAGE_UNREADABLE"
+    assert about_item[1][1]["reply"].status == "5.3.0"
+    [report] = [e.message for e, _, _ in transport.envelopes if e.item_id == about_item[2][1]["dsn_id"]]
+    parsed = email.message_from_bytes(report, policy=email.policy.default)
+    assert len(list(parsed.iter_parts())) == 2  # no third part: nothing to return
+
+
+def test_an_item_cancelled_during_delivery_is_told_without_dsn_or_error(told):
+    item = enqueue(["gone@example.org"])
+    transport = ScriptedTransport({"gone@example.org": UNKNOWN}, on_deliver=lambda envelope: get_store().cancel(envelope.item_id))
+    run(transport)
+    assert [name for name, _ in told] == ["failed"]
+    assert get_store().get(item.id) is None
+
+
+def test_a_worker_whose_lease_was_taken_records_nothing(told):
+    item = enqueue(["a@example.org"])
+    store = get_store()
+    worker = Worker(transport=ScriptedTransport(), clock=lambda: T0, owner="stale")
+    [claimed] = store.claim(owner="stale", now=T0, lease_until=T0 + timedelta(minutes=10), limit=1)
+    store.claim(owner="thief", now=T0 + timedelta(minutes=10), lease_until=T0 + timedelta(minutes=20), limit=1)
+    worker._lease_until[claimed.id] = T0 + timedelta(minutes=10)
+    worker.record(worker.attempt(claimed))
+    assert [name for name, _ in told] == ["error"]
+    assert told[0][1]["error"].code == "LEASE_LOST"
+    assert store.get(item.id).recipients[0].status == RecipientStatus.PENDING
+    assert store.get(item.id).lease_owner == "thief"
+
+
+def test_stop_gives_back_what_was_claimed_but_not_started():
+    items = [enqueue([f"user{n}@example.org"]) for n in range(6)]
+    started = threading.Event()
+    release = threading.Event()
+
+    def slow(envelope):
+        started.set()
+        release.wait(5)
+
+    # Six claimed at once; all go to one smarthost, which takes one session at a time.
+    worker = Worker(transport=ScriptedTransport(on_deliver=slow), clock=lambda: T0, concurrency=6, domain_concurrency=1)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    assert started.wait(5)
+    worker.stop()
+    release.set()
+    thread.join(10)
+    assert not thread.is_alive()
+    left = [get_store().get(i.id) for i in items]
+    assert sum(1 for i in left if i is None) == 1  # the session under way ended and was recorded
+    given_back = [i for i in left if i is not None]
+    assert len(given_back) == 5
+    for item in given_back:  # due at once, no attempt counted, no lease
+        assert (item.lease_owner, item.attempts, item.next_attempt_at) == (None, 0, T0)
+
+
+def test_domain_concurrency_holds_a_busy_domain_without_blocking_others():
+    lock = threading.Lock()
+    in_flight, peak, order = {}, {}, []
+
+    def track(envelope):
+        domain = envelope.recipients[0].rpartition("@")[2]
+        with lock:
+            in_flight[domain] = in_flight.get(domain, 0) + 1
+            peak[domain] = max(peak.get(domain, 0), in_flight[domain])
+        time.sleep(0.05)
+        with lock:
+            in_flight[domain] -= 1
+            order.append(domain)
+
+    class Resolver:
+        def destinations(self, domain):
+            return Destinations(hosts=(Host(name=f"mx.{domain}", address="127.0.0.1", port=25),), failure=None)
+
+    with override_settings(BUMAIL_QUEUE={"HOSTNAME": "mta.example.com", "RETRY_JITTER": 0}):
+        for n in range(6):
+            enqueue([f"user{n}@busy.example"])
+        enqueue(["x@other.example"])
+        worker = Worker(transport=ScriptedTransport(on_deliver=track), resolver=Resolver(), clock=lambda: T0,
+                        concurrency=4, domain_concurrency=1, burst=True)  # fmt: skip
+        stats = worker.run()
+    assert stats.delivered == 7
+    assert peak["busy.example"] == 1
+    assert order.index("other.example") < 3  # not held behind the busy domain's queue
+
+
+def test_a_store_error_during_record_is_told_and_the_lease_brings_the_item_back(told, monkeypatch):
+    item = enqueue(["a@example.org"])
+    store = get_store()
+
+    def broken(*args, **kwargs):
+        raise QueueError("STORE_UNAVAILABLE", "The queue's database 'default' could not be used: gone")
+
+    monkeypatch.setattr(store, "complete", broken)
+    run(ScriptedTransport())
+    assert [name for name, _ in told] == ["error"]
+    assert told[0][1]["error"].code == "STORE_UNAVAILABLE"
+    kept = store.get(item.id)
+    assert kept.lease_owner is not None  # comes back once the lease expires
+    assert kept.next_attempt_at == T0 + timedelta(seconds=600)
