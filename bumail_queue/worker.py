@@ -243,7 +243,7 @@ class Worker:
 
     def _claim(self) -> list[QueueItem]:
         free = self._free_slots()
-        if free <= 0:
+        if free <= 0 or self._stopping.is_set():
             return []
         now = self.clock()
         until = now + self.settings.lease
@@ -267,6 +267,8 @@ class Worker:
 
     def _start_what_fits(self, pool: _Pool) -> None:
         with self._changed:
+            if self._stopping.is_set():
+                return  # what waits is given back, not started
             still_waiting = []
             for item in self._waiting:
                 keys = self._limit_keys(item)
@@ -285,8 +287,7 @@ class Worker:
             self._in_flight.pop(item.id, None)
             self._lease_until.pop(item.id, None)
             self._changed.notify_all()
-        if not self._stopping.is_set():
-            self._start_what_fits(pool)
+        self._start_what_fits(pool)
 
     def _give_back_waiting(self) -> None:
         with self._changed:
@@ -392,7 +393,12 @@ class Worker:
             if found.failure is not None:
                 return Delivery(outcomes=dict.fromkeys(envelope.recipients, found.failure), remote_host=None)
             hosts = found.hosts
-        return self.transport.deliver(envelope, route=route, hosts=hosts)
+        delivery = self.transport.deliver(envelope, route=route, hosts=hosts)
+        option_error = getattr(delivery, "option_error", None)
+        if option_error is not None:
+            # The route's options were refused (4.3.5): the configuration is to fix.
+            self._report_error(option_error, envelope.item_id)
+        return delivery
 
     def _attempt_from(
         self, item: QueueItem, outcomes: dict[str, Outcome], remote_hosts: dict[str, str | None], *, lost_message: bool = False

@@ -21,7 +21,7 @@ from bumail_queue.stores.memory import MemoryStore
 from bumail_queue.stores.orm import ORMStore
 
 # Real servers on loopback that tests configure: a DNS server, SMTP servers.
-pytest_plugins = ["tests.servers.dns"]
+pytest_plugins = ["tests.servers.dns", "tests.servers.smtp"]
 
 VENDOR = {"django.db.backends.postgresql": "postgresql", "django.db.backends.sqlite3": "sqlite"}.get(
     settings.DATABASES["default"]["ENGINE"], "other"

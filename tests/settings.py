@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -70,4 +71,7 @@ else:
 
 DEFAULT_FROM_EMAIL = "app@example.com"
 BUMAIL_QUEUE = {"HOSTNAME": "mta.example.com"}
+# Worker processes started by a test get their queue settings through the environment.
+if os.environ.get("BUMAIL_TEST_QUEUE"):
+    BUMAIL_QUEUE = json.loads(os.environ["BUMAIL_TEST_QUEUE"])
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

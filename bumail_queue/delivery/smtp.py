@@ -286,7 +286,7 @@ def _connect_failure(error: OSError, host: Host) -> _StepError:
     if isinstance(error, smtplib.SMTPServerDisconnected):
         return _lost(error, host, "waiting for the greeting")
     if isinstance(error, smtplib.SMTPResponseException):
-        return _StepError.protocol(-1, str(error.smtp_error).encode(), when="as the greeting")
+        return _StepError.protocol(-1, _raw(error), when="as the greeting")
     if isinstance(error, ssl.SSLError):
         return _StepError(_own("4.7.5", f"TLS handshake with {host} failed: {error}"))
     if _timed_out(error):
@@ -436,7 +436,8 @@ class SMTPTransport:
                 session = self._session(host, policy, route, envelope.item_id, deadline)
             except _StepError as failure:
                 last, last_host = failure, host
-                logger.debug("%s %s: %s", envelope.item_id, host, failure.reply.text)
+                if failure.reply.code is None:  # a server's reply was logged with its step
+                    logger.debug("%s %s: %s", envelope.item_id, host, failure.reply.text)
                 continue
             except _RouteRefusedError as failure:
                 self._option_failed(failure.error, pending, outcomes)
@@ -555,7 +556,7 @@ class SMTPTransport:
             raise _lost(error, host, "before MAIL") from None
         except smtplib.SMTPResponseException as error:
             conn.close()
-            raise _StepError.protocol(-1, str(error.smtp_error).encode(), when="before MAIL") from None
+            raise _StepError.protocol(-1, _raw(error), when="before MAIL") from None
         except OSError as error:
             conn.close()
             raise _lost(error, host, "before MAIL") from None
@@ -600,8 +601,10 @@ class SMTPTransport:
         self._arm(conn, self._timeouts.greeting, deadline, "before STARTTLS")
         try:
             code, raw = conn.starttls(context=context)
-        except (smtplib.SMTPServerDisconnected, smtplib.SMTPResponseException):
+        except smtplib.SMTPServerDisconnected:
             raise
+        except smtplib.SMTPResponseException as error:  # smtplib raises for any reply but 220
+            code, raw = error.smtp_code, _raw(error)
         except (OSError, ValueError) as error:  # after the 220: the handshake
             logger.debug("%s %s: TLS handshake failed: %s", item_id, host, error)
             if not required:
@@ -638,7 +641,7 @@ class SMTPTransport:
                 raise _StepError(
                     Reply(code=reply.code, status="4.7.8", text=reply.text), answered=True
                 ) from None
-            raise _StepError.of_reply(error.smtp_code, str(error.smtp_error).encode(), when="to AUTH") from None
+            raise _StepError.of_reply(error.smtp_code, _raw(error), when="to AUTH") from None
         except smtplib.SMTPNotSupportedError:
             raise self._refused(f"The route has a USERNAME but {host} does not offer AUTH here.", item_id) from None
         except (smtplib.SMTPServerDisconnected, smtplib.SMTPResponseException):
@@ -668,13 +671,14 @@ class SMTPTransport:
         """Give every recipient of ``pending`` an outcome on ``session``; pool or close it."""
         reusable = False
         try:
-            reusable = self._transactions(session, envelope, message, pending, outcomes, deadline)
+            self._transactions(session, envelope, message, pending, outcomes, deadline)
+            reusable = True
         except _StepError as failure:
             self._settle(pending, outcomes, failure)
         except smtplib.SMTPServerDisconnected as error:
             self._settle(pending, outcomes, _lost(error, session.host, "during the transaction"))
         except smtplib.SMTPResponseException as error:
-            self._settle(pending, outcomes, _StepError.protocol(-1, str(error.smtp_error).encode(), when="in the transaction"))
+            self._settle(pending, outcomes, _StepError.protocol(-1, _raw(error), when="in the transaction"))
         except OSError as error:
             self._settle(pending, outcomes, _lost(error, session.host, "during the transaction"))
         finally:
@@ -690,7 +694,7 @@ class SMTPTransport:
     def _command(self, session: _Session, item_id: str, step: float, deadline: float, verb: str, args: str = "") -> tuple[int, bytes]:
         self._arm(session.conn, step, deadline, f"before {verb}")
         code, raw = session.conn.docmd(verb, args)
-        logger.debug("%s %s: %s %s -> %s", item_id, session.host, verb, args, code)
+        logger.debug("%s %s: %s -> %s", item_id, session.host, f"{verb} {args}".rstrip(), code)
         if code == 421:
             raise _StepError.of_reply(code, raw, when=f"to {verb}")
         if _status_of(code) is None and not (verb == "DATA" and code == 354):
@@ -705,8 +709,8 @@ class SMTPTransport:
         pending: list[str],
         outcomes: dict[str, Outcome],
         deadline: float,
-    ) -> bool:
-        """Run transactions until every recipient has an outcome; return whether the connection is reusable."""
+    ) -> None:
+        """Run transactions until every recipient of ``pending`` has an outcome."""
         conn, t, item_id = session.conn, self._timeouts, envelope.item_id
         utf8 = conn.has_extn("smtputf8")
         if not utf8:
@@ -740,13 +744,12 @@ class SMTPTransport:
             except ValueError as error:  # refused by smtplib, nothing was sent
                 reply = _own("5.1.7", f"smtplib refused the sender address: {error}")
                 outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=reply)) for r in todo)
-                return True
+                return
             if not 200 <= code < 300:
                 outcome = _outcome(code, raw)
                 outcomes.update((r, outcome) for r in todo)
-                return True
+                return
             todo = self._recipients(session, envelope, message, todo, outcomes, deadline)
-        return True
 
     def _recipients(
         self,
@@ -865,6 +868,12 @@ class SMTPTransport:
             pass
         finally:
             conn.close()
+
+
+def _raw(error: smtplib.SMTPResponseException) -> bytes:
+    """Return the reply text an smtplib exception carries, as the bytes read."""
+    text = error.smtp_error
+    return text if isinstance(text, bytes) else text.encode("utf-8", "replace")
 
 
 def _outcome(code: int, raw: bytes) -> Outcome:

@@ -17,7 +17,7 @@ Fixtures (import them into a test module, or name this module in ``pytest_plugin
 records:
 
 - ``messages``: a :class:`ReceivedMessage` for each message the server accepted
-  (``mail_from``, ``mail_options`` such as ``["SIZE=123", "BODY=8BITMIME"]``,
+  (``mail_from``, ``""`` for the null sender, ``mail_options`` such as ``["SIZE=123", "BODY=8BITMIME"]``,
   ``rcpt_tos``, ``data`` as received, dot-stuffing undone, ``connection``);
 - ``connections``: how many TCP connections it accepted;
 - ``commands``: a :class:`Command` (``connection``, ``verb``, ``arg``) per command
@@ -65,12 +65,15 @@ and ``auth_require_tls`` when a connection opens; ``implicit_tls`` at start):
 ``smtputf8`` / ``eightbitmime``
     Offer SMTPUTF8 / 8BITMIME (both ``True``).
 
-``closed_port()`` returns a loopback port nothing listens on, for a refused connection.
+``closed_port()`` returns a loopback port nothing listens on (a connection is
+refused); ``unanswered_port()``, a context manager, gives one whose connections are
+never accepted (on Linux they time out).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import socket
 import ssl
@@ -203,7 +206,7 @@ class SMTPTestServer:
     async def _shutdown(self, server: asyncio.Server) -> None:
         server.close()
         for protocol in list(self._live):
-            if protocol.transport is not None:
+            if isinstance(protocol.transport, asyncio.WriteTransport):
                 protocol.transport.abort()
         current = asyncio.current_task()
         tasks = [t for t in asyncio.all_tasks() if t is not current]
@@ -287,7 +290,7 @@ class _Handler:
         if reply.startswith("2"):
             self.script.messages.append(
                 ReceivedMessage(
-                    mail_from=envelope.mail_from,
+                    mail_from="" if envelope.mail_from == "<>" else envelope.mail_from,
                     mail_options=list(envelope.mail_options),
                     rcpt_tos=list(envelope.rcpt_tos),
                     data=bytes(envelope.original_content),
@@ -313,7 +316,7 @@ class _ScriptedSMTP(SMTP):
             ident="test server",
             tls_context=None if script.implicit_tls else script.tls,
             auth_require_tls=script.auth_require_tls,
-            authenticator=self._authenticate,
+            authenticator=self._check_login,
             timeout=60,
             loop=loop,
         )
@@ -326,7 +329,7 @@ class _ScriptedSMTP(SMTP):
         self.script._live.discard(self)
         super().connection_lost(error)
 
-    def _authenticate(self, server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> AuthResult:
+    def _check_login(self, server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> AuthResult:
         if self.script.auth is None or not isinstance(data, LoginPassword):
             return AuthResult(success=False, handled=False)
         username, password = self.script.auth
@@ -457,6 +460,17 @@ def closed_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
     return port
+
+
+@contextlib.contextmanager
+def unanswered_port() -> Iterator[int]:
+    """Yield a port on 127.0.0.1 whose accept queue is full: a new connection times out."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port: int = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=5):  # fills the queue
+            yield port
 
 
 @pytest.fixture

@@ -1,0 +1,208 @@
+"""Mail from send_mail() to a real SMTP server on loopback, through the worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.core.mail import EmailMessage, send_mail
+from django.db import connection
+from django.test import override_settings
+from django.utils import timezone
+
+from bumail_queue import queue
+from bumail_queue.items import RecipientStatus
+from bumail_queue.stores import get_store
+from tests.helpers import use_queue_backend
+from tests.servers.dns import DNSZone
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def smarthost(server, **extra):
+    return {"HOSTNAME": "mta.example.com", "ROUTE": {"TYPE": "smarthost", "HOST": "127.0.0.1", "PORT": server.port, "TLS": "none"}, **extra}
+
+
+def test_send_mail_then_deliver_due_reaches_the_smarthost_over_one_connection(smtp_server):
+    # One session at a time to the smarthost, so each transaction can reuse the last one's connection.
+    with override_settings(BUMAIL_QUEUE=smarthost(smtp_server, DOMAIN_CONCURRENCY=1)), use_queue_backend():
+        for n in range(3):
+            EmailMessage(f"Note {n}", "Hello.", "app@example.com", [f"user{n}@example.org"], bcc=["audit@example.com"]).send()
+        stats = queue.deliver_due()
+    assert (stats.items, stats.delivered) == (3, 6)
+    assert queue.count() == 0
+    assert [m.rcpt_tos for m in smtp_server.messages] == [[f"user{n}@example.org", "audit@example.com"] for n in range(3)]
+    assert all(m.mail_from == "app@example.com" for m in smtp_server.messages)
+    assert all(b"audit@example.com" not in m.data for m in smtp_server.messages)  # Bcc: envelope only
+    assert b"Subject: Note 0" in smtp_server.messages[0].data
+    assert smtp_server.connections == 1  # reused for the three transactions
+
+
+def test_direct_to_mx_with_per_recipient_outcomes_and_a_dsn(smtp_servers, dns_server):
+    mx = smtp_servers(rcpt_replies={"gone@example.test": "550 5.1.1 No such user", "later@example.test": "451 4.3.0 Busy"})
+    dns_server.zone = DNSZone({
+        "example.test": {"MX": [(10, "mx1.example.test")]},
+        "mx1.example.test": {"A": ["127.0.0.1"]},
+        "sender.test": {"MX": [(10, "mx1.example.test")]},
+    })  # fmt: skip
+    settings = {"HOSTNAME": "mta.example.com", "MX_PORT": mx.port, "DNS_NAMESERVERS": [dns_server.setting], "RETRY_JITTER": 0}
+    with override_settings(BUMAIL_QUEUE=settings):
+        item = queue.enqueue(
+            EmailMessage("Hi", "Body", "me@sender.test", ["ok@example.test", "gone@example.test", "later@example.test"])
+        )
+        now = timezone.now()
+        queue.deliver_due(now=now)
+        kept = queue.get(item.id)
+    assert [(r.address, r.status, r.reply.code) for r in kept.recipients] == [
+        ("ok@example.test", RecipientStatus.DELIVERED, 250),
+        ("gone@example.test", RecipientStatus.FAILED, 550),
+        ("later@example.test", RecipientStatus.DEFERRED, 451),
+    ]
+    assert kept.next_attempt_at == now + timedelta(minutes=30)
+    original, dsn = smtp_server_messages = mx.messages
+    assert original.rcpt_tos == ["ok@example.test"]
+    assert (dsn.mail_from, dsn.rcpt_tos) == ("", ["me@sender.test"])
+    assert b"gone@example.test" in dsn.data and b"multipart/report" in dsn.data
+    assert len(smtp_server_messages) == 2
+
+
+def test_a_null_mx_domain_fails_at_once_without_a_connection(smtp_server, dns_server):
+    dns_server.zone = DNSZone({"nomail.test": {"MX": [(0, ".")]}})
+    settings = {"HOSTNAME": "mta.example.com", "MX_PORT": smtp_server.port, "DNS_NAMESERVERS": [dns_server.setting]}
+    with override_settings(BUMAIL_QUEUE=settings):
+        queue.enqueue(b"Subject: x\r\n\r\nx\r\n", sender="", recipients=["a@nomail.test"])
+        stats = queue.deliver_due()
+    assert stats.failed == 1
+    assert smtp_server.connections == 0
+    assert queue.count() == 0
+
+
+def test_a_crashed_workers_items_are_delivered_once_its_lease_expires(smtp_server):
+    with override_settings(BUMAIL_QUEUE=smarthost(smtp_server, LEASE_SECONDS=60)):
+        item = queue.enqueue(EmailMessage("Hi", "Body", "app@example.com", ["a@example.org"]))
+        now = timezone.now()
+        get_store().claim(owner="crashed-worker", now=now, lease_until=now + timedelta(seconds=60), limit=10)
+        assert queue.deliver_due(now=now).items == 0  # the lease still holds
+        assert queue.deliver_due(now=now + timedelta(seconds=60)).delivered == 1
+    assert [m.rcpt_tos for m in smtp_server.messages] == [["a@example.org"]]
+    assert queue.get(item.id) is None
+
+
+def worker_env(settings):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BUMAIL_", "DJANGO_"))}
+    env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    env["BUMAIL_TEST_QUEUE"] = json.dumps(settings)
+    name = connection.settings_dict["NAME"]
+    if connection.vendor == "sqlite":
+        env["DATABASE_URL"] = f"sqlite:///{name}"
+    else:
+        params = connection.settings_dict
+        env["DATABASE_URL"] = f"postgres://{params['USER']}@{params['HOST'] or '127.0.0.1'}:{params['PORT'] or 5432}/{name}"
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def start_worker(settings, *args):
+    return subprocess.Popen(
+        [sys.executable, "-m", "django", "queue_worker", "-v", "2", *args],
+        cwd=ROOT, env=worker_env(settings), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def wait_until(predicate, seconds=20):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.slow
+def test_queue_worker_delivers_and_stops_on_sigterm_with_status_0(smtp_server):
+    settings = smarthost(smtp_server, POLL_SECONDS=0.2)
+    with override_settings(BUMAIL_QUEUE=settings), use_queue_backend():
+        for n in range(20):
+            send_mail(f"n{n}", "Body", "app@example.com", [f"user{n}@example.org"])
+    worker = start_worker(settings, "--concurrency", "4")
+    try:
+        assert wait_until(lambda: len(smtp_server.messages) == 20), "the worker did not deliver"
+        worker.send_signal(signal.SIGTERM)
+        output, _ = worker.communicate(timeout=20)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0, output
+    assert "starting owner=" in output
+    assert "stopped items=20 delivered=20" in output
+    assert "status=delivered" in output
+    assert get_store().count() == 0
+
+
+@pytest.mark.slow
+def test_a_second_signal_exits_at_once_with_status_1(smtp_servers):
+    server = smtp_servers(stall_at="DATA_END", stall_seconds=30)
+    settings = smarthost(server, POLL_SECONDS=0.2)
+    with override_settings(BUMAIL_QUEUE=settings):
+        queue.enqueue(EmailMessage("Hi", "Body", "app@example.com", ["a@example.org"]))
+    worker = start_worker(settings)
+    try:
+        assert wait_until(lambda: any(c.verb == "DATA" for c in server.commands)), "the session did not start"
+        worker.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert worker.poll() is None  # still finishing its session
+        worker.send_signal(signal.SIGTERM)
+        worker.communicate(timeout=10)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 1
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_two_workers_deliver_a_thousand_messages_each_exactly_once(smtp_server):
+    settings = smarthost(smtp_server, POLL_SECONDS=0.2)
+    with override_settings(BUMAIL_QUEUE=settings):
+        queue.enqueue_many([EmailMessage(f"m{n}", "Body", "app@example.com", [f"user{n}@example.org"]) for n in range(1000)])
+    workers = [start_worker(settings, "--concurrency", "4", "--burst") for _ in range(2)]
+    for worker in workers:
+        output, _ = worker.communicate(timeout=120)
+        assert worker.returncode == 0, output
+    received = [rcpt for m in smtp_server.messages for rcpt in m.rcpt_tos]
+    assert sorted(received) == sorted(f"user{n}@example.org" for n in range(1000))
+    assert get_store().count() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_an_idle_worker_is_woken_by_notify_not_by_its_poll(smtp_server):
+    # The poll is a minute away: mail that arrives sooner came through LISTEN/NOTIFY.
+    settings = smarthost(smtp_server, POLL_SECONDS=60)
+    worker = start_worker(settings)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(worker.stdout), daemon=True)
+    reader.start()
+    try:
+        assert wait_until(lambda: any("starting owner=" in line for line in lines)), "the worker did not start"
+        time.sleep(0.5)  # past its first claim, which found nothing: idle
+        with override_settings(BUMAIL_QUEUE=settings):
+            queue.enqueue(EmailMessage("Wake", "Body", "app@example.com", ["a@example.org"]))
+        assert wait_until(lambda: len(smtp_server.messages) == 1, seconds=20)
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=20)
+        reader.join(5)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0
