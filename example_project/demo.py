@@ -447,6 +447,21 @@ def run_check() -> None:
         raise DemoError(f"Cancelling through the queue page answered {cancel.status_code} and left the item queued.")
     say(f"check: the queue page listed item {item.id}, and its cancel button removed it")
 
+    # End to end: a second mail, delivered by the worker's own code to the SMTP sink.
+    client.post(
+        "/",
+        {
+            "to": CHECK_RECIPIENT,
+            "subject": "Demo check, delivered",
+            "body": "Delivered by demo.py --check.",
+            "csrfmiddlewaretoken": client.cookies["csrftoken"].value,
+        },
+    )
+    stats = queue.deliver_due()
+    if stats.delivered < 1 or queue.count() != before:
+        raise DemoError(f"The worker did not deliver the mail to the SMTP sink: {stats}.")
+    say(f"check: the worker delivered {stats.delivered} mail to the SMTP sink on {HOST}:{port}")
+
 
 def run_demo(children: Children, http_port: int) -> None:
     require_free_port(http_port, "DEMO_HTTP_PORT")

@@ -45,6 +45,7 @@ def test_demo_check_queues_a_mail(tmp_path: Path) -> None:
     output = f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
     assert result.returncode == 0, output
     assert "demo: check: the mail was queued" in result.stdout, output
+    assert "demo: check: the worker delivered 1 mail to the SMTP sink" in result.stdout, output
     assert "demo: check: OK" in result.stdout, output
     assert "smtp-sink: listening on 127.0.0.1:" in result.stdout, output
     assert database.exists()
