@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from django.db import close_old_connections, connections
+from django.db import connections
 from django.utils import timezone
 
 from bumail_queue import signals
@@ -86,6 +86,17 @@ class Stats:
     delivered: int = 0
     deferred: int = 0
     failed: int = 0
+
+
+def close_broken_connections() -> None:
+    """Close this thread's database connections that broke, so the next query reopens them.
+
+    Not ``close_old_connections()``: under ``CONN_MAX_AGE = 0`` that closes every
+    connection each time, and a worker would reconnect for every claim.
+    """
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is not None and connection.errors_occurred and not connection.is_usable():
+            connection.close()
 
 
 def default_owner() -> str:
@@ -222,7 +233,7 @@ class Worker:
 
     def _loop(self, pool: _Pool) -> None:
         while not self._stopping.is_set():
-            close_old_connections()
+            close_broken_connections()
             claimed = self._claim()
             self._start_what_fits(pool)
             if claimed:
@@ -354,6 +365,7 @@ class Worker:
     # -- one item ---------------------------------------------------------------------
 
     def _deliver(self, item: QueueItem, keys: set[str], pool: _Pool) -> None:
+        close_broken_connections()
         try:
             attempt = self.attempt(item)
             if attempt is not None:

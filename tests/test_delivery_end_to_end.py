@@ -206,3 +206,32 @@ def test_an_idle_worker_is_woken_by_notify_not_by_its_poll(smtp_server):
         if worker.poll() is None:
             worker.kill()
     assert worker.returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_worker_whose_database_connections_drop_reconnects_and_keeps_delivering(smtp_server):
+    settings = smarthost(smtp_server, POLL_SECONDS=0.2)
+    worker = start_worker(settings)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(worker.stdout), daemon=True)
+    reader.start()
+    try:
+        with override_settings(BUMAIL_QUEUE=settings):
+            queue.enqueue(EmailMessage("First", "Body", "app@example.com", ["a@example.org"]))
+            assert wait_until(lambda: len(smtp_server.messages) == 1)
+            with connection.cursor() as cursor:  # as a database restart would
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            queue.enqueue(EmailMessage("Second", "Body", "app@example.com", ["b@example.org"]))
+            assert wait_until(lambda: len(smtp_server.messages) == 2), "the worker stopped delivering"
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=20)
+        reader.join(5)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0
+    assert any("STORE_UNAVAILABLE" in line for line in lines), "the dropped connection was not reported"
