@@ -23,6 +23,7 @@ import queue as queue_module
 import random
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -163,6 +164,7 @@ class Worker:
         self.stats = Stats()
         self._changed = threading.Condition()
         self._stopping = threading.Event()
+        self._stop_requested = False
         self._done = threading.Event()
         self._waiting: list[QueueItem] = []
         self._in_flight: dict[str, QueueItem] = {}
@@ -191,12 +193,18 @@ class Worker:
 
     def stop(self) -> None:
         """Claim nothing more; deliveries under way end, unstarted claims are given back."""
+        self._stop_requested = True
         self._stopping.set()
         self.wake()
 
+    def request_stop(self) -> None:
+        """Ask the loop to stop, from a signal handler: it takes no lock, so it cannot
+        deadlock with the thread it interrupts; the loop sees it within half a second."""
+        self._stop_requested = True
+
     @property
     def stopping(self) -> bool:
-        return self._stopping.is_set()
+        return self._stop_requested or self._stopping.is_set()
 
     def wake(self) -> None:
         """Make an idle loop look for due items now (new mail was queued)."""
@@ -219,6 +227,7 @@ class Worker:
         try:
             self._loop(pool)
         finally:
+            self._stopping.set()
             self._give_back_waiting()
             self._wait_for_deliveries()
             self._done.set()
@@ -232,7 +241,7 @@ class Worker:
     # -- the loop ---------------------------------------------------------------------
 
     def _loop(self, pool: _Pool) -> None:
-        while not self._stopping.is_set():
+        while not self.stopping:
             close_broken_connections()
             claimed = self._claim()
             self._start_what_fits(pool)
@@ -241,8 +250,20 @@ class Worker:
             with self._changed:
                 if self.burst and not self._waiting and not self._in_flight:
                     return
-                self._changed.wait(timeout=self.settings.poll_seconds)
+            self._idle(self.settings.poll_seconds)
             self.transport.close_idle()
+
+    def _idle(self, seconds: float) -> None:
+        """Wait until woken, or ``seconds`` pass, or a stop is requested."""
+        deadline = time.monotonic() + seconds
+        with self._changed:
+            while not self._stop_requested:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._changed.wait(timeout=min(remaining, 0.5)):
+                    break
+        if self._stop_requested and not self._stopping.is_set():
+            logger.info("stopping after the deliveries under way owner=%s", self.owner, extra={"action": "stop"})
+            self.stop()
 
     def _free_slots(self) -> int:
         # Up to CONCURRENCY items may wait for a busy domain beside those in flight, so
@@ -254,7 +275,7 @@ class Worker:
 
     def _claim(self) -> list[QueueItem]:
         free = self._free_slots()
-        if free <= 0 or self._stopping.is_set():
+        if free <= 0 or self.stopping:
             return []
         now = self.clock()
         until = now + self.settings.lease
@@ -278,7 +299,7 @@ class Worker:
 
     def _start_what_fits(self, pool: _Pool) -> None:
         with self._changed:
-            if self._stopping.is_set():
+            if self.stopping:
                 return  # what waits is given back, not started
             still_waiting = []
             for item in self._waiting:
@@ -316,7 +337,7 @@ class Worker:
     def _wait_for_deliveries(self) -> None:
         with self._changed:
             while self._in_flight:
-                self._changed.wait(timeout=1)
+                self._changed.wait(timeout=0.5)
 
     def _renew_leases(self) -> None:
         # Runs until the loop and every delivery are over: a stopping worker's
@@ -343,7 +364,7 @@ class Worker:
         # new mail starts within milliseconds; the poll stays as the fall-back.
         listener: WorkListener | None = None
         try:
-            while not self._stopping.is_set():
+            while not self.stopping:
                 try:
                     if listener is None:
                         listener = self.store.listener()

@@ -38,10 +38,8 @@ def stop_on_signals(worker: Worker) -> Iterator[None]:
 
     def handle(signum: int, frame: Any) -> None:
         if worker.stopping:
-            logging.getLogger(__name__).warning("second signal: exiting now")
-            sys.exit(1)
-        logging.getLogger(__name__).info("signal %s: stopping after the deliveries under way", signal.Signals(signum).name)
-        worker.stop()
+            sys.exit(1)  # the second signal: at once
+        worker.request_stop()
 
     previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
