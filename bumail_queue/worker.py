@@ -160,7 +160,7 @@ class Worker:
         self.clock = clock
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not a secret
         self.transport = transport or self._default_transport()
-        self.resolver = resolver or self._default_resolver()
+        self._resolver = resolver
         self.stats = Stats()
         self._changed = threading.Condition()
         self._stopping = threading.Event()
@@ -179,6 +179,13 @@ class Worker:
             timeouts=self.settings.timeouts,
             reuse_seconds=self.settings.connection_reuse_seconds,
         )
+
+    @property
+    def resolver(self) -> Resolver:
+        """The MX resolver, made when first needed: smarthost-only set-ups never need one."""
+        if self._resolver is None:
+            self._resolver = self._default_resolver()
+        return self._resolver
 
     def _default_resolver(self) -> Resolver:
         from bumail_queue.delivery.dns import MXResolver
@@ -496,8 +503,8 @@ class Worker:
         for address, outcome in attempt.result.outcomes.items():
             reply = outcome.reply
             logger.info(
-                "outcome item=%s recipient=%s status=%s reply=%s %s %s",
-                item.id, address, outcome.status.value, reply.code, reply.status, reply.text,
+                "outcome item=%s recipient=%s status=%s reply=%s",
+                item.id, address, outcome.status.value, reply_line(reply),
                 extra={"action": outcome.status.value, "item_id": item.id},
             )  # fmt: skip
             if outcome.status == RecipientStatus.DELIVERED:
@@ -562,11 +569,19 @@ def _expired(outcome: Outcome, max_age: timedelta) -> Outcome:
     if outcome.status != RecipientStatus.DEFERRED:
         return outcome
     reply = outcome.reply
-    text = f"Delivery time expired after {_days(max_age)}; last reply: {reply.status} {reply.text}"
+    text = f"Delivery time expired after {_days(max_age)}; last reply: {reply_line(reply)}"
     return Outcome(status=RecipientStatus.FAILED, reply=Reply(code=reply.code, status="4.4.7", text=text[:512]))
 
 
 def _days(span: timedelta) -> str:
     days = span.total_seconds() / 86400
-    return f"{days:g} days" if days >= 1 else f"{span.total_seconds():g} seconds"
+    if days == 1:
+        return "1 day"
+    return f"{days:g} days" if days > 1 else f"{span.total_seconds():g} seconds"
+
+
+def reply_line(reply: Reply) -> str:
+    """Return a reply as one line, ``550 5.1.1 No such user``, the status code said once."""
+    text = reply.text if reply.text.startswith(reply.status) else f"{reply.status} {reply.text}"
+    return text if reply.code is None else f"{reply.code} {text}"
 
