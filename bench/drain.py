@@ -1,0 +1,150 @@
+"""How fast one worker drains the queue to a local SMTP sink, beside plain smtplib.
+
+    python bench/drain.py [--n N] [--concurrency C] [--postgres URL] [--smtp-sink PATH]
+
+One run, one Markdown table: for SQLite and PostgreSQL, ``queue.deliver_due()`` (the
+worker's own loop, claims, sessions and records) with connection reuse on and off,
+and, as the ceiling, plain ``smtplib`` sending the same messages over one connection
+with no queue at all. The sink is Postfix's ``smtp-sink`` on a loopback port. Compare
+the rows with each other only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import smtplib
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.run import (  # noqa: E402 - the path above comes first
+    DEFAULT_POSTGRES,
+    create_bench_database,
+    database_label,
+    drop_bench_database,
+    in_child,
+    migrate,
+    postgres_bench_url,
+    reset_queue,
+    settle,
+    setup_django,
+)
+
+SINK_PORT = 52700
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def smtp_sink(path: str, port: int) -> Iterator[None]:
+    """Run Postfix's smtp-sink on 127.0.0.1:port; stop it (by its pid) afterwards."""
+    process = subprocess.Popen([path, "-u", "root", f"127.0.0.1:{port}", "256"])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            time.sleep(0.05)
+        yield
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def messages(n: int) -> list[object]:
+    from django.core.mail import EmailMessage
+
+    body = "Hello,\n\n" + "A line of an ordinary notification mail, for the bench.\n" * 35
+    return [EmailMessage(f"drain-{i}", body, "app@example.com", [f"rcpt-{i}@example.test"]) for i in range(n)]
+
+
+def drain_round(database_url: str, n: int, concurrency: int, reuse: float, port: int) -> tuple[str, float, int]:
+    """Enqueue n, then time one burst of the worker; return (database, seconds, delivered)."""
+    setup_django(database_url)
+    from django.test.utils import override_settings
+
+    from bumail_queue.service import QueueService
+
+    reset_queue()
+    settings = {
+        "HOSTNAME": "bench.example.com",
+        "ROUTE": {"TYPE": "smarthost", "HOST": "127.0.0.1", "PORT": port, "TLS": "none"},
+        "CONNECTION_REUSE_SECONDS": reuse,
+        "CONCURRENCY": concurrency,
+    }
+    with override_settings(BUMAIL_QUEUE=settings):
+        service = QueueService()
+        service.enqueue_many(messages(n))
+        settle()
+        started = time.perf_counter()
+        stats = service.deliver_due()
+        seconds = time.perf_counter() - started
+    return database_label(), seconds, stats.delivered
+
+
+def smtplib_round(n: int, port: int) -> float:
+    """Send n prepared messages over one smtplib connection; return the seconds."""
+    setup_django("sqlite:///" + str(Path(tempfile.gettempdir()) / "bumail-drain-smtplib.sqlite3"))
+    from django.core.mail import EmailMessage
+
+    prepared = [(m.from_email, m.to, m.message().as_bytes()) for m in messages(n) if isinstance(m, EmailMessage)]
+    started = time.perf_counter()
+    with smtplib.SMTP("127.0.0.1", port) as client:
+        for sender, recipients, data in prepared:
+            client.sendmail(sender, recipients, data)
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--postgres", default=DEFAULT_POSTGRES)
+    parser.add_argument("--smtp-sink", default=shutil.which("smtp-sink") or "/usr/sbin/smtp-sink")
+    args = parser.parse_args()
+    if not Path(args.smtp_sink).exists():
+        print("smtp-sink not found (Debian: apt-get install postfix); give --smtp-sink PATH", file=sys.stderr)
+        return 2
+    port = free_port()
+    sqlite_url = "sqlite:///" + str(Path(tempfile.mkdtemp(prefix="bumail-drain-")) / "queue.sqlite3")
+    postgres_url = postgres_bench_url(args.postgres)
+    create_bench_database(args.postgres)
+    rows = []
+    try:
+        for url in (sqlite_url, postgres_url):
+            in_child(migrate, url)
+        with smtp_sink(args.smtp_sink, port):
+            baseline = in_child(smtplib_round, args.n, port)
+            rows.append(("plain smtplib, one connection, no queue", "-", 1, args.n / baseline, ""))
+            for url in (sqlite_url, postgres_url):
+                for reuse in (10.0, 0.0):
+                    label, seconds, delivered = in_child(drain_round, url, args.n, args.concurrency, reuse, port)
+                    check = "ok" if delivered == args.n else f"only {delivered} delivered"
+                    rows.append((f"worker, connection reuse {'on' if reuse else 'off'}", label, args.concurrency, delivered / seconds, check))
+    finally:
+        drop_bench_database(args.postgres)
+    best = rows[0][3]
+    print(f"drain of {args.n} messages to smtp-sink on loopback; compare rows of this table only\n")
+    print("| what | database | concurrency | messages/s | of plain smtplib | check |")
+    print("|---|---|---|---|---|---|")
+    for what, database, concurrency, rate, check in rows:
+        print(f"| {what} | {database} | {concurrency} | {rate:,.0f} | x{rate / best:.2f} | {check} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
