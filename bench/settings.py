@@ -14,7 +14,7 @@ from pathlib import Path
 import dj_database_url
 import django.core.mail
 
-SECRET_KEY = "bench-only-not-a-secret"
+SECRET_KEY = "bench-only-test-key"
 DEBUG = False  # DEBUG would keep every query in memory and slow every call
 USE_TZ = True
 TIME_ZONE = "UTC"

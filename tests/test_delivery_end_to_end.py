@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -119,6 +120,23 @@ def start_worker(settings, *args):
     )  # fmt: skip
 
 
+@contextlib.contextmanager
+def running_worker(settings, *args):
+    """A ``queue_worker`` process and the lines it printed; SIGTERM and a wait at the end."""
+    worker = start_worker(settings, *args)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(worker.stdout), daemon=True)
+    reader.start()
+    try:
+        yield worker, lines
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=20)
+        reader.join(5)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+
 def wait_until(predicate, seconds=20):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -189,22 +207,12 @@ def test_two_workers_deliver_a_thousand_messages_each_exactly_once(smtp_server):
 def test_an_idle_worker_is_woken_by_notify_not_by_its_poll(smtp_server):
     # The poll is a minute away: mail that arrives sooner came through LISTEN/NOTIFY.
     settings = smarthost(smtp_server, POLL_SECONDS=60)
-    worker = start_worker(settings)
-    lines = []
-    reader = threading.Thread(target=lambda: lines.extend(worker.stdout), daemon=True)
-    reader.start()
-    try:
+    with running_worker(settings) as (worker, lines):
         assert wait_until(lambda: any("starting owner=" in line for line in lines)), "the worker did not start"
         time.sleep(0.5)  # past its first claim, which found nothing: idle
         with override_settings(BUMAIL_QUEUE=settings):
             queue.enqueue(EmailMessage("Wake", "Body", "app@example.com", ["a@example.org"]))
         assert wait_until(lambda: len(smtp_server.messages) == 1, seconds=20)
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=20)
-        reader.join(5)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
     assert worker.returncode == 0
 
 
@@ -212,26 +220,15 @@ def test_an_idle_worker_is_woken_by_notify_not_by_its_poll(smtp_server):
 @pytest.mark.postgres
 def test_a_worker_whose_database_connections_drop_reconnects_and_keeps_delivering(smtp_server):
     settings = smarthost(smtp_server, POLL_SECONDS=0.2)
-    worker = start_worker(settings)
-    lines = []
-    reader = threading.Thread(target=lambda: lines.extend(worker.stdout), daemon=True)
-    reader.start()
-    try:
-        with override_settings(BUMAIL_QUEUE=settings):
-            queue.enqueue(EmailMessage("First", "Body", "app@example.com", ["a@example.org"]))
-            assert wait_until(lambda: len(smtp_server.messages) == 1)
-            with connection.cursor() as cursor:  # as a database restart would
-                cursor.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                )
-            queue.enqueue(EmailMessage("Second", "Body", "app@example.com", ["b@example.org"]))
-            assert wait_until(lambda: len(smtp_server.messages) == 2), "the worker stopped delivering"
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=20)
-        reader.join(5)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
+    with running_worker(settings) as (worker, lines), override_settings(BUMAIL_QUEUE=settings):
+        queue.enqueue(EmailMessage("First", "Body", "app@example.com", ["a@example.org"]))
+        assert wait_until(lambda: len(smtp_server.messages) == 1)
+        with connection.cursor() as cursor:  # as a database restart would
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        queue.enqueue(EmailMessage("Second", "Body", "app@example.com", ["b@example.org"]))
+        assert wait_until(lambda: len(smtp_server.messages) == 2), "the worker stopped delivering"
     assert worker.returncode == 0
     assert any("STORE_UNAVAILABLE" in line for line in lines), "the dropped connection was not reported"

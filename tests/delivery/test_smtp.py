@@ -35,7 +35,7 @@ from tests.servers.smtp import (
 DELIVERED, DEFERRED, FAILED = RecipientStatus.DELIVERED, RecipientStatus.DEFERRED, RecipientStatus.FAILED
 MX = Route(type="mx")
 MESSAGE = b"From: sender@example.com\r\nTo: ann@example.org\r\nSubject: Hello\r\n\r\nHello.\r\n"
-USER, PASSWORD = "mailer", "s3cret-Pa55word"
+USER, PASSWORD = "mailer", "test-s3cret-Pa55word"
 
 Servers = Callable[..., SMTPTestServer]
 
@@ -459,7 +459,7 @@ def test_auth_not_offered_is_a_route_option_error(smtp_server: SMTPTestServer, t
 
 def test_a_password_smtplib_cannot_send_is_a_route_option_error(smtp_servers: Servers, transport: SMTPTransport, caplog):
     caplog.set_level(logging.DEBUG)
-    password = "pässwörd-sécret"
+    password = "test-pässwörd-sécret"
     server = smtp_servers(auth=(USER, password))
     route = smarthost(server, tls="none", username=USER, password=password)
     delivery = transport.deliver(envelope(), route=route, hosts=[Host(name="127.0.0.1", port=server.port)])
