@@ -166,7 +166,8 @@ class Worker:
         self._stopping = threading.Event()
         self._stop_requested = False
         self._done = threading.Event()
-        self._waiting: list[QueueItem] = []
+        # Claimed items not started yet, each with the destinations it needs a slot at.
+        self._waiting: list[tuple[QueueItem, set[str]]] = []
         self._in_flight: dict[str, QueueItem] = {}
         self._busy: Counter[str] = Counter()
         self._lease_until: dict[str, datetime] = {}
@@ -295,7 +296,7 @@ class Worker:
             self._stopping.wait(min(self.settings.poll_seconds, 5))
             return []
         with self._changed:
-            self._waiting.extend(claimed)
+            self._waiting.extend((item, self._limit_keys(item)) for item in claimed)
             for item in claimed:
                 self._lease_until[item.id] = until
         return claimed
@@ -309,10 +310,9 @@ class Worker:
             if self.stopping:
                 return  # what waits is given back, not started
             still_waiting = []
-            for item in self._waiting:
-                keys = self._limit_keys(item)
+            for item, keys in self._waiting:
                 if any(self._busy[key] >= self.domain_concurrency for key in keys):
-                    still_waiting.append(item)
+                    still_waiting.append((item, keys))
                     continue
                 self._busy.update(keys)
                 self._in_flight[item.id] = item
@@ -330,7 +330,8 @@ class Worker:
 
     def _give_back_waiting(self) -> None:
         with self._changed:
-            waiting, self._waiting = self._waiting, []
+            waiting = [item for item, _ in self._waiting]
+            self._waiting = []
         now = self.clock()
         for item in waiting:
             try:

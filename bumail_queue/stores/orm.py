@@ -103,9 +103,6 @@ class ORMStore(QueueStore):
     def _q(self, name: str) -> str:
         return self.connection.ops.quote_name(name)
 
-    def _table(self, name: str) -> str:
-        return self._q(name)
-
     def _prep(self, column: str, value: Any) -> Any:
         return _ITEM_FIELDS[column].get_db_prep_save(value, self.connection)
 
@@ -217,7 +214,7 @@ class ORMStore(QueueStore):
     def _insert_sql(self, rows: int) -> str:
         row = "(" + ", ".join(["%s"] * len(_INSERT_COLUMNS)) + ")"
         return (
-            f"INSERT INTO {self._table(self._items)} ({', '.join(map(self._q, _INSERT_COLUMNS))}) "
+            f"INSERT INTO {self._q(self._items)} ({', '.join(map(self._q, _INSERT_COLUMNS))}) "
             f"VALUES {', '.join([row] * rows)} "
             f"ON CONFLICT ({self._q('key')}) WHERE {self._q('key')} IS NOT NULL DO NOTHING RETURNING {self._q('id')}"
         )
@@ -234,7 +231,7 @@ class ORMStore(QueueStore):
     @_built_once
     def _add_one_sql(self) -> str:
         message_sql = (
-            f"INSERT INTO {self._table(self._messages)} ({self._q('item_id')}, {self._q('data')}) "
+            f"INSERT INTO {self._q(self._messages)} ({self._q('item_id')}, {self._q('data')}) "
             f"SELECT {self._q('id')}, %s FROM new_item"
         )
         # pg_notify wakes idle workers once the statement (or the caller's transaction)
@@ -283,7 +280,7 @@ class ORMStore(QueueStore):
                     [Message(item_id=uuid.UUID(new.id), data=new.message) for new in inserted]
                 )
             if max_items is not None:
-                cursor.execute(f"SELECT COUNT(*) FROM {self._table(self._items)}")
+                cursor.execute(f"SELECT COUNT(*) FROM {self._q(self._items)}")
                 total = cursor.fetchone()[0]
                 if total > max_items:
                     raise QueueError(
@@ -330,7 +327,7 @@ class ORMStore(QueueStore):
         key = self._prep_id(item_id)
         if key is None:
             return None
-        sql = f"SELECT {self._q('data')} FROM {self._table(self._messages)} WHERE {self._q('item_id')} = %s"
+        sql = f"SELECT {self._q('data')} FROM {self._q(self._messages)} WHERE {self._q('item_id')} = %s"
         with self._translated_errors(), self.connection.cursor() as cursor:
             cursor.execute(sql, [key])
             row = cursor.fetchone()
@@ -352,7 +349,7 @@ class ORMStore(QueueStore):
 
     @_built_once
     def _due_sql(self, lock: str = "") -> str:
-        items, q = self._table(self._items), self._q
+        items, q = self._q(self._items), self._q
         return (
             f"SELECT {q('seq')} AS due_seq, {q('next_attempt_at')} AS due_at FROM {items} "
             f"WHERE {q('next_attempt_at')} <= %s AND ({q('lease_owner')} IS NULL OR {q('lease_expires_at')} <= %s) "
@@ -366,13 +363,13 @@ class ORMStore(QueueStore):
         # never slows a claim) and falls due by itself if its worker dies.
         q = self._q
         return (
-            f"UPDATE {self._table(self._items)} SET {q('lease_owner')} = %s, {q('lease_expires_at')} = %s, "
+            f"UPDATE {self._q(self._items)} SET {q('lease_owner')} = %s, {q('lease_expires_at')} = %s, "
             f"{q('next_attempt_at')} = %s"
         )
 
     @_built_once
     def _skip_locked_claim_sql(self) -> str:
-        items, q = self._table(self._items), self._q
+        items, q = self._q(self._items), self._q
         return (
             f"{self._lease_sql()} FROM ({self._due_sql(' FOR UPDATE SKIP LOCKED')}) AS due "
             f"WHERE {items}.{q('seq')} = due.due_seq "
@@ -417,7 +414,7 @@ class ORMStore(QueueStore):
             return False
         q, until = self._q, self._prep_time(lease_until)
         sql = (
-            f"UPDATE {self._table(self._items)} SET {q('lease_expires_at')} = %s, {q('next_attempt_at')} = %s "
+            f"UPDATE {self._q(self._items)} SET {q('lease_expires_at')} = %s, {q('next_attempt_at')} = %s "
             f"WHERE {q('id')} = %s AND {q('lease_owner')} = %s"
         )
         with self._writing(single_statement=True) as cursor:
@@ -425,7 +422,7 @@ class ORMStore(QueueStore):
             return bool(cursor.rowcount == 1)
 
     def _read_for_complete(self, key: Any) -> tuple[QueueItem, int] | None:
-        sql = f"SELECT {self._select_list()}, {self._q('rev')} FROM {self._table(self._items)} WHERE {self._q('id')} = %s"
+        sql = f"SELECT {self._select_list()}, {self._q('rev')} FROM {self._q(self._items)} WHERE {self._q('id')} = %s"
         with self._translated_errors(), self.connection.cursor() as cursor:
             cursor.execute(sql, [key])
             row = cursor.fetchone()
@@ -464,13 +461,13 @@ class ORMStore(QueueStore):
         )
 
     def _write_outcome(self, key: Any, owner: str, rev: int, item: QueueItem) -> bool:
-        q, items = self._q, self._table(self._items)
+        q, items = self._q, self._q(self._items)
         guard = f"WHERE {q('id')} = %s AND {q('lease_owner')} = %s AND {q('rev')} = %s"
         if item.is_finished and self.connection.vendor == "postgresql":
             # The item and its message in one statement: one round trip, atomic by itself.
             sql = (
                 f"WITH gone AS (DELETE FROM {items} {guard} RETURNING {q('id')}), "
-                f"gone_message AS (DELETE FROM {self._table(self._messages)} "
+                f"gone_message AS (DELETE FROM {self._q(self._messages)} "
                 f"WHERE {q('item_id')} IN (SELECT {q('id')} FROM gone)) SELECT 1 FROM gone"
             )
             with self._writing(single_statement=True) as cursor:
@@ -481,7 +478,7 @@ class ORMStore(QueueStore):
                 cursor.execute(f"DELETE FROM {items} {guard}", [key, owner, rev])
                 if cursor.rowcount != 1:
                     return False
-                cursor.execute(f"DELETE FROM {self._table(self._messages)} WHERE {q('item_id')} = %s", [key])
+                cursor.execute(f"DELETE FROM {self._q(self._messages)} WHERE {q('item_id')} = %s", [key])
                 return True
         sql = (
             f"UPDATE {items} SET {q('recipients')} = %s, {q('next_attempt_at')} = %s, {q('attempts')} = %s, "
@@ -509,11 +506,11 @@ class ORMStore(QueueStore):
             return False
         q, when = self._q, self._prep_time(at)
         if owner is None:
-            sql = f"UPDATE {self._table(self._items)} SET {q('next_attempt_at')} = %s WHERE {q('id')} = %s"
+            sql = f"UPDATE {self._q(self._items)} SET {q('next_attempt_at')} = %s WHERE {q('id')} = %s"
             params = [when, key]
         else:
             sql = (
-                f"UPDATE {self._table(self._items)} SET {q('next_attempt_at')} = %s, {q('lease_owner')} = NULL, "
+                f"UPDATE {self._q(self._items)} SET {q('next_attempt_at')} = %s, {q('lease_owner')} = NULL, "
                 f"{q('lease_expires_at')} = NULL WHERE {q('id')} = %s AND {q('lease_owner')} = %s"
             )
             params = [when, key, owner]
@@ -536,9 +533,9 @@ class ORMStore(QueueStore):
             return None
         q = self._q
         with self._writing() as cursor:
-            cursor.execute(f"DELETE FROM {self._table(self._messages)} WHERE {q('item_id')} = %s", [key])
+            cursor.execute(f"DELETE FROM {self._q(self._messages)} WHERE {q('item_id')} = %s", [key])
             cursor.execute(
-                f"DELETE FROM {self._table(self._items)} WHERE {q('id')} = %s RETURNING {self._select_list()}", [key]
+                f"DELETE FROM {self._q(self._items)} WHERE {q('id')} = %s RETURNING {self._select_list()}", [key]
             )
             row = cursor.fetchone()
         return None if row is None else self._row_to_item(row)
