@@ -1,8 +1,9 @@
 """How fast one worker drains the queue to a local SMTP sink, beside plain smtplib.
 
-    python bench/drain.py [--n N] [--concurrency C] [--postgres URL] [--smtp-sink PATH]
+    python bench/drain.py [--n N] [--concurrency C] [--postgres URL] [--redis URL] [--smtp-sink PATH]
 
-One run, one Markdown table: for SQLite and PostgreSQL, ``queue.deliver_due()`` (the
+One run, one Markdown table: for SQLite, PostgreSQL and Redis (with PostgreSQL as
+Django's database, which keeps the delivery log), ``queue.deliver_due()`` (the
 worker's own loop, claims, sessions and records) with connection reuse on and off,
 and, as the ceiling, plain ``smtplib`` sending the same messages over one connection
 with no queue at all. The sink is Postfix's ``smtp-sink`` on a loopback port. Compare
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
 import smtplib
 import socket
@@ -29,6 +31,7 @@ if str(ROOT) not in sys.path:
 
 from bench.run import (  # noqa: E402 - the path above comes first
     DEFAULT_POSTGRES,
+    DEFAULT_REDIS,
     create_bench_database,
     database_label,
     drop_bench_database,
@@ -72,15 +75,21 @@ def messages(n: int) -> list[object]:
     return [EmailMessage(f"drain-{i}", body, "app@example.com", [f"rcpt-{i}@example.test"]) for i in range(n)]
 
 
-def drain_round(database_url: str, n: int, concurrency: int, reuse: float, port: int) -> tuple[str, float, int]:
-    """Enqueue n, then time one burst of the worker; return (database, seconds, delivered)."""
+def drain_round(
+    database_url: str, n: int, concurrency: int, reuse: float, port: int, redis_url: str | None = None
+) -> tuple[str, float, int]:
+    """Enqueue n, then time one burst of the worker; return (store, seconds, delivered)."""
+    if redis_url is not None:
+        os.environ["BENCH_REDIS_URL"] = redis_url  # the queue in Redis, Django's database beside it
     setup_django(database_url)
+    from django.conf import settings as django_settings
     from django.test.utils import override_settings
 
     from bumail_queue.service import QueueService
 
     reset_queue()
     settings = {
+        **django_settings.BUMAIL_QUEUE,
         "HOSTNAME": "bench.example.com",
         "ROUTE": {"TYPE": "smarthost", "HOST": "127.0.0.1", "PORT": port, "TLS": "none"},
         "CONNECTION_REUSE_SECONDS": reuse,
@@ -114,6 +123,7 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--postgres", default=DEFAULT_POSTGRES)
+    parser.add_argument("--redis", default=os.environ.get("REDIS_URL") or DEFAULT_REDIS, help="'none' leaves Redis out")
     parser.add_argument("--smtp-sink", default=shutil.which("smtp-sink") or "/usr/sbin/smtp-sink")
     args = parser.parse_args()
     if not Path(args.smtp_sink).exists():
@@ -130,16 +140,19 @@ def main() -> int:
         with smtp_sink(args.smtp_sink, port):
             baseline = in_child(smtplib_round, args.n, port)
             rows.append(("plain smtplib, one connection, no queue", "-", 1, args.n / baseline, ""))
-            for url in (sqlite_url, postgres_url):
+            stores = [(sqlite_url, None), (postgres_url, None)]
+            if args.redis != "none":
+                stores.append((postgres_url, args.redis))
+            for url, redis_url in stores:
                 for reuse in (10.0, 0.0):
-                    label, seconds, delivered = in_child(drain_round, url, args.n, args.concurrency, reuse, port)
+                    label, seconds, delivered = in_child(drain_round, url, args.n, args.concurrency, reuse, port, redis_url)
                     check = "ok" if delivered == args.n else f"only {delivered} delivered"
                     rows.append((f"worker, connection reuse {'on' if reuse else 'off'}", label, args.concurrency, delivered / seconds, check))
     finally:
         drop_bench_database(args.postgres)
     best = rows[0][3]
     print(f"drain of {args.n} messages to smtp-sink on loopback; compare rows of this table only\n")
-    print("| what | database | concurrency | messages/s | of plain smtplib | check |")
+    print("| what | store | concurrency | messages/s | of plain smtplib | check |")
     print("|---|---|---|---|---|---|")
     for what, database, concurrency, rate, check in rows:
         print(f"| {what} | {database} | {concurrency} | {rate:,.0f} | x{rate / best:.2f} | {check} |")

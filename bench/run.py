@@ -1,6 +1,6 @@
 """Benchmarks of bumail_queue: enqueue, claim, and claim behind a backlog of leases.
 
-    python bench/run.py [--n N] [--only enqueue,claim,backlog] [--postgres URL] [--rounds R]
+    python bench/run.py [--n N] [--only enqueue,claim,backlog] [--postgres URL] [--redis URL] [--rounds R]
 
 Prints one Markdown table. Compare its rows with each other (ratios within one run on
 one machine), never with a table printed by another run. ``bench/README.md`` says what
@@ -9,7 +9,9 @@ each row measures.
 PostgreSQL: the script creates its own database, ``bumail_bench``, on the server that
 ``--postgres`` names (dropping a ``bumail_bench`` left over by an interrupted run),
 works only in it, and drops it at the end. SQLite: a file in a temporary directory,
-removed at the end.
+removed at the end. Redis (``--redis``, ``none`` to leave it out): the Redis store
+under the key prefix ``bumail:bench:``, whose keys the script deletes before and
+after each measurement.
 
 Each measurement is made in ``--rounds`` rounds, and the rounds of rows that are
 compared with each other alternate, so a burst of load from elsewhere on the machine
@@ -46,6 +48,8 @@ if str(ROOT) not in sys.path:
 SETTINGS_MODULE = "bench.settings"
 BENCH_DATABASE = "bumail_bench"
 DEFAULT_POSTGRES = "postgres://postgres@127.0.0.1:5432/postgres"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+REDIS_PREFIX = "bumail:bench:"  # bench/settings.py gives the Redis store this prefix
 PHASES = ("enqueue", "claim", "backlog")
 
 MASS_MESSAGES = 1000  # send_mass_mail(): messages in each measured call
@@ -193,9 +197,21 @@ def in_child(func: Callable[..., Any], *args: Any) -> Any:
     return value
 
 
+def is_redis(url: str) -> bool:
+    return url.startswith(("redis://", "rediss://", "unix://"))
+
+
 def setup_django(database_url: str) -> None:
-    """Set up Django with the bench settings on ``database_url`` (once per process)."""
-    os.environ["BENCH_DATABASE_URL"] = database_url
+    """Set up Django with the bench settings on ``database_url`` (once per process).
+
+    A Redis URL sets up the Redis store instead (``BENCH_REDIS_URL``); Django's own
+    database is then bench/settings.py's default SQLite file, which nothing reads.
+    """
+    if is_redis(database_url):
+        os.environ["BENCH_REDIS_URL"] = database_url
+        os.environ.pop("BENCH_DATABASE_URL", None)
+    else:
+        os.environ["BENCH_DATABASE_URL"] = database_url
     os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS_MODULE
     import django
 
@@ -213,9 +229,24 @@ def _tables() -> tuple[str, str]:
     return connection.ops.quote_name(Item._meta.db_table), connection.ops.quote_name(Message._meta.db_table)
 
 
+def _redis_store() -> Any:
+    """Return the Redis store when this process measures Redis, else ``None``."""
+    from bumail_queue.stores import get_store
+    from bumail_queue.stores.redis import RedisStore
+
+    store = get_store()
+    return store if isinstance(store, RedisStore) else None
+
+
 def reset_queue() -> None:
-    """Empty the queue's two tables (and nothing else)."""
+    """Empty the queue's two tables (and nothing else), or its Redis keys."""
     from django.db import connection
+
+    if (redis_store := _redis_store()) is not None:
+        client = redis_store._redis()
+        for chunk in _chunks(list(client.scan_iter(match=f"{REDIS_PREFIX}*", count=1000)), 1000):
+            client.delete(*chunk)
+        return
 
     items, messages = _tables()
     with connection.cursor() as cursor:
@@ -243,14 +274,26 @@ def settle() -> None:
             cursor.execute("CHECKPOINT")
 
 
+def _chunks(values: list[Any], size: int) -> Iterable[list[Any]]:
+    return (values[i : i + size] for i in range(0, len(values), size))
+
+
 def count_rows(**filters: Any) -> int:
     from bumail_queue.models import Item
+
+    if (redis_store := _redis_store()) is not None:
+        # Only the counts the enqueue and claim rows check: all items, or the unleased.
+        keys = {(): redis_store.keys.items, (("lease_owner__isnull", True),): redis_store.keys.ready}
+        return int(redis_store._redis().zcard(keys[tuple(sorted(filters.items()))]))
 
     return Item.objects.filter(**filters).count()
 
 
 def database_label() -> str:
     from django.db import connection
+
+    if (redis_store := _redis_store()) is not None:
+        return f"Redis {redis_store._redis().info('server')['redis_version']}"
 
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
@@ -264,8 +307,12 @@ def insert_due(count: int, *, due_at: datetime) -> list[str]:
     """Queue ``count`` items due at ``due_at``, with their messages, in one statement.
 
     Set-up only (PostgreSQL): the rows are those ``add_many`` writes, made by the server.
+    On Redis: the store's own ``add_many``, 1,000 items a call.
     """
     from django.db import connection
+
+    if (redis_store := _redis_store()) is not None:
+        return _insert_due_redis(redis_store, count, due_at=due_at)
 
     items, messages = _tables()
     with connection.cursor() as cursor:
@@ -280,6 +327,28 @@ def insert_due(count: int, *, due_at: datetime) -> list[str]:
             [len(RAW_MESSAGE), due_at, due_at, count, RAW_MESSAGE],
         )
         return [str(row[0]) for row in cursor.fetchall()]
+
+
+def _insert_due_redis(store: Any, count: int, *, due_at: datetime) -> list[str]:
+    import uuid
+
+    from bumail_queue.items import NewItem
+
+    ids: list[str] = []
+    for chunk in _chunks(list(range(count)), 1000):
+        items = [
+            NewItem(
+                id=str(uuid.uuid4()),
+                sender="app@example.com",
+                recipients=[f"user{i}@example.com"],
+                message=RAW_MESSAGE,
+                created_at=due_at,
+                next_attempt_at=due_at,
+            )
+            for i in chunk
+        ]
+        ids += [item.id for item in store.add_many(items)]
+    return ids
 
 
 # -- 1, 2: enqueue through Django's mail API ---------------------------------------------
@@ -567,13 +636,14 @@ def drop_bench_database(server_url: str) -> None:
 # -- the run ------------------------------------------------------------------------------
 
 
-def enqueue_rows(sqlite_url: str, postgres_url: str, n: int, rounds: int) -> list[Row]:
-    """Rows 1 and 2 on both databases; the rounds alternate SQLite and PostgreSQL."""
+def enqueue_rows(sqlite_url: str, postgres_url: str, n: int, rounds: int, redis_url: str | None = None) -> list[Row]:
+    """Rows 1 and 2 on each store; the rounds alternate SQLite, PostgreSQL (and Redis)."""
     loops: dict[str, Row] = {}
     masses: dict[str, Row] = {}
     sizes = [n // rounds + (1 if r < n % rounds else 0) for r in range(rounds)]
+    urls = (sqlite_url, postgres_url) if redis_url is None else (sqlite_url, postgres_url, redis_url)
     for size in sizes:
-        for url in (sqlite_url, postgres_url):
+        for url in urls:
             label, loop, mass = in_child(enqueue_round, url, size)
             if url not in loops:
                 loops[url] = Row(benchmark="send_mail() in a loop", database=label, processes=1, unit="messages/s")
@@ -584,7 +654,7 @@ def enqueue_rows(sqlite_url: str, postgres_url: str, n: int, rounds: int) -> lis
                 )  # fmt: skip
             loops[url].samples.append(loop)
             masses[url].samples.append(mass)
-    return [row for url in (sqlite_url, postgres_url) for row in (loops[url], masses[url])]
+    return [row for url in urls for row in (loops[url], masses[url])]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -597,6 +667,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--postgres", default=DEFAULT_POSTGRES, metavar="URL",
         help=f"the PostgreSQL server (default {DEFAULT_POSTGRES}); the bench works in its own database {BENCH_DATABASE!r}",
+    )  # fmt: skip
+    parser.add_argument(
+        "--redis", default=os.environ.get("REDIS_URL") or DEFAULT_REDIS, metavar="URL",
+        help=f"the Redis of the Redis store's rows (default $REDIS_URL or {DEFAULT_REDIS}; 'none' leaves them out); "
+        f"the bench uses and deletes the keys under {REDIS_PREFIX!r}",
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each measurement (default 3)")
     args = parser.parse_args(argv)
@@ -617,6 +692,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     postgres_url = postgres_bench_url(args.postgres)
+    redis_url = None if args.redis == "none" else args.redis
     sqlite_dir = Path(tempfile.mkdtemp(prefix="bumail-bench-"))
     sqlite_url = f"sqlite:///{sqlite_dir / 'bench.sqlite3'}"
     rows: list[Row] = []
@@ -626,9 +702,11 @@ def main(argv: list[str] | None = None) -> int:
             in_child(migrate, postgres_url)
             if "enqueue" in args.only:
                 in_child(migrate, sqlite_url)
-                rows += enqueue_rows(sqlite_url, postgres_url, args.n, args.rounds)
+                rows += enqueue_rows(sqlite_url, postgres_url, args.n, args.rounds, redis_url)
             if "claim" in args.only:
                 rows += in_child(claim_phase, postgres_url, args.n, args.rounds)
+                if redis_url is not None:
+                    rows += in_child(claim_phase, redis_url, args.n, args.rounds)
             if "backlog" in args.only:
                 rows += in_child(backlog_phase, postgres_url, args.n, args.rounds)
         finally:

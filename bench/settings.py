@@ -42,4 +42,11 @@ else:
 DEFAULT_FROM_EMAIL = "app@example.com"
 # A fixed HOSTNAME, so no measurement waits on socket.getfqdn().
 BUMAIL_QUEUE = {"HOSTNAME": "mta.example.com"}
+# bench/run.py measures the Redis store with BENCH_REDIS_URL (keys under its own prefix).
+if os.environ.get("BENCH_REDIS_URL"):
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "queue": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": os.environ["BENCH_REDIS_URL"]},
+    }
+    BUMAIL_QUEUE = {**BUMAIL_QUEUE, "STORE": "redis", "REDIS_CONNECTION": "queue", "REDIS_KEY_PREFIX": "bumail:bench:"}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -11,4 +11,6 @@ class BumailQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, conf  # noqa: F401 - registers the checks and the reload receiver
+        from . import checks, conf, delivery_log  # noqa: F401 - registers the checks and the reload receiver
+
+        delivery_log.connect()

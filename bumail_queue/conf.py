@@ -52,6 +52,9 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "CONNECTION_REUSE_SECONDS": 10,
     "CLAIM_BATCH_SIZE": 50,
     "POLL_SECONDS": 5,
+    # The delivery log: each recipient's outcome, kept after the item left the queue.
+    "DELIVERY_LOG": True,
+    "DELIVERY_LOG_RETENTION": timedelta(days=30),
 }
 
 #: RFC 5321 §4.5.3.2's timeouts, in seconds; ``TIMEOUTS`` overrides any of them.
@@ -71,6 +74,7 @@ DEFAULT_TIMEOUTS: Final[Mapping[str, float]] = {
 BUILTIN_STORES: Final = {
     "orm": "bumail_queue.stores.orm.ORMStore",
     "memory": "bumail_queue.stores.memory.MemoryStore",
+    "redis": "bumail_queue.stores.redis.RedisStore",
 }
 
 ROUTE_TYPES: Final = ("mx", "smarthost")
@@ -153,6 +157,8 @@ class QueueSettings:
     connection_reuse_seconds: float
     claim_batch_size: int
     poll_seconds: float
+    delivery_log: bool = True
+    delivery_log_retention: timedelta | None = timedelta(days=30)
 
     @property
     def lease(self) -> timedelta:
@@ -370,6 +376,10 @@ def validate(raw: Any) -> list[Problem]:
     poll = raw.get("POLL_SECONDS", DEFAULTS["POLL_SECONDS"])
     if isinstance(poll, bool) or not isinstance(poll, int | float) or not math.isfinite(poll) or not 0 < poll <= 3600:
         check.add("bumail_queue.E017", "POLL_SECONDS", f"BUMAIL_QUEUE['POLL_SECONDS'] must be a number of seconds above 0 and at most 3600; got {poll!r}.")
+    if not isinstance(raw.get("DELIVERY_LOG", DEFAULTS["DELIVERY_LOG"]), bool):
+        check.add("bumail_queue.E020", "DELIVERY_LOG", f"BUMAIL_QUEUE['DELIVERY_LOG'] must be True or False; got {raw.get('DELIVERY_LOG')!r}.")
+    if raw.get("DELIVERY_LOG_RETENTION", DEFAULTS["DELIVERY_LOG_RETENTION"]) is not None:
+        check.duration(raw, "DELIVERY_LOG_RETENTION", "bumail_queue.E020")
     return check.problems
 
 
@@ -426,6 +436,8 @@ def load(raw: Any) -> QueueSettings:
         connection_reuse_seconds=float(values["CONNECTION_REUSE_SECONDS"]),
         claim_batch_size=values["CLAIM_BATCH_SIZE"],
         poll_seconds=float(values["POLL_SECONDS"]),
+        delivery_log=values["DELIVERY_LOG"],
+        delivery_log_retention=None if values["DELIVERY_LOG_RETENTION"] is None else _as_timedelta(values["DELIVERY_LOG_RETENTION"]),
     )
 
 

@@ -172,6 +172,18 @@ class AttemptResult:
     count_attempt: bool = True
     delay_notified: bool | None = None
 
+    def recorded_on(self, item: QueueItem) -> QueueItem:
+        """Return ``item`` as this attempt leaves it: outcomes, schedule, count, no lease."""
+        return dataclasses.replace(
+            item,
+            recipients=self.apply_to(item.recipients),
+            next_attempt_at=self.next_attempt_at,
+            attempts=item.attempts + (1 if self.count_attempt else 0),
+            delay_notified=item.delay_notified if self.delay_notified is None else self.delay_notified,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+
     def apply_to(self, recipients: Sequence[Recipient]) -> list[Recipient]:
         """Return ``recipients`` with this attempt's outcomes applied; final ones stay."""
         updated = []

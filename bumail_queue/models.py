@@ -102,3 +102,58 @@ def item_from_row(row: dict[str, Any]) -> QueueItem:
         lease_expires_at=row["lease_expires_at"],
         key=row["key"],
     )
+
+
+class DeliveryLog(models.Model):
+    """One recipient's outcome, kept after its item has left the queue.
+
+    Written by the worker's outcome signals and by ``queue.cancel``, whatever store
+    keeps the queue; deleted by age with ``manage.py queue_purge``. See
+    ``docs/delivery-log.md``.
+    """
+
+    class Status(models.TextChoices):
+        DELIVERED = "delivered", _("delivered")
+        DEFERRED = "deferred", _("deferred")
+        FAILED = "failed", _("failed")
+        EXPIRED = "expired", _("expired")
+        CANCELLED = "cancelled", _("cancelled")
+
+    id = models.BigAutoField(primary_key=True)
+    logged_at = models.DateTimeField(_("logged at"))
+    item_id = models.UUIDField(_("item id"))
+    recipient = models.TextField(_("recipient"))
+    # Lowercased, for the admin's filter: the part after the address's last "@".
+    domain = models.CharField(_("domain"), max_length=255, blank=True)
+    sender = models.TextField(_("sender"), blank=True)
+    status = models.CharField(_("status"), max_length=16, choices=Status.choices)
+    reply_code = models.PositiveSmallIntegerField(_("reply code"), null=True, blank=True)
+    reply_status = models.CharField(_("enhanced status"), max_length=16, blank=True)
+    reply_text = models.TextField(_("reply"), blank=True)
+    remote_host = models.CharField(_("remote host"), max_length=255, blank=True)
+    next_attempt_at = models.DateTimeField(_("next attempt at"), null=True, blank=True)
+
+    class Meta:
+        db_table = "bumail_queue_delivery_log"
+        verbose_name = _("delivery log entry")
+        verbose_name_plural = _("delivery log")
+        ordering = ("-logged_at", "-id")
+        indexes = (
+            # The newest first (the admin's list), and the purge by age.
+            models.Index(fields=("logged_at",), name="bumail_queue_log_logged_at"),
+            # "What happened to this item?" (the item page's history).
+            models.Index(fields=("item_id", "logged_at"), name="bumail_queue_log_item"),
+            # "What happened to my mail to X?"
+            models.Index(fields=("recipient", "logged_at"), name="bumail_queue_log_recipient"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.recipient} {self.status} ({self.item_id})"
+
+    @property
+    def reply_line(self) -> str:
+        """Return the reply as one line: ``550 5.1.1 No such user``."""
+        parts = [str(self.reply_code) if self.reply_code is not None else "", self.reply_status, self.reply_text]
+        if self.reply_status and self.reply_text.startswith(self.reply_status):
+            parts.pop(1)
+        return " ".join(p for p in parts if p)

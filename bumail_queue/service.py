@@ -5,16 +5,18 @@ from __future__ import annotations
 import builtins
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core.mail import EmailMessage
+from django.db import transaction
 from django.utils import timezone
 
-from . import mime
+from . import mime, signals
 from .conf import QueueSettings, get_settings
 from .errors import ErrorCode, QueueError
 from .items import NewItem, QueueItem
+from .queries import AGE_BUCKETS, ItemQuery, ItemState, QueueSummary
 from .stores import QueueStore, get_store
 from .text import require_keepable
 
@@ -101,13 +103,21 @@ class QueueService:
     ) -> QueueItem:
         """Queue one message; return its item (the existing one for a known ``key``)."""
         item = self.prepare(message, sender=sender, recipients=recipients, at=at, key=key)
-        return self.store.add(item, max_items=self.settings.max_items)
+        store, max_items = self.store, self.settings.max_items
+        if _on_commit(store):
+            transaction.on_commit(lambda: store.add(item, max_items=max_items))
+            return item.to_queue_item()
+        return store.add(item, max_items=max_items)
 
     def enqueue_many(self, messages: Sequence[EmailMessage | bytes]) -> builtins.list[QueueItem]:
         """Queue several messages in one step: all of them, or none."""
         now = self.clock()
         items = [self.prepare(message, now=now) for message in messages]
-        return self.store.add_many(items, max_items=self.settings.max_items)
+        store, max_items = self.store, self.settings.max_items
+        if _on_commit(store) and items:
+            transaction.on_commit(lambda: store.add_many(items, max_items=max_items))
+            return [item.to_queue_item() for item in items]
+        return store.add_many(items, max_items=max_items)
 
     # -- the queue --------------------------------------------------------------------
 
@@ -130,8 +140,41 @@ class QueueService:
         return self.store.reschedule(str(id), at=self.clock())
 
     def cancel(self, id: str) -> QueueItem | None:
-        """Drop the item and its message, with no DSN; return it as it stood."""
-        return self.store.cancel(str(id))
+        """Drop the item and its message, with no DSN; return it as it stood.
+
+        Sends ``signals.cancelled`` (the delivery log records each recipient not final
+        yet as ``cancelled``).
+        """
+        item = self.store.cancel(str(id))
+        if item is not None:
+            pending = [r.address for r in item.pending_recipients]
+            signals.send(signals.cancelled, item_id=item.id, item=item, recipients=pending)
+        return item
+
+    # -- for operators: the admin and queue_status ---------------------------------------
+
+    def search(
+        self,
+        *,
+        state: ItemState | str | None = None,
+        domain: str | None = None,
+        text: str | None = None,
+        offset: int = 0,
+        limit: int = 100,
+    ) -> builtins.list[QueueItem]:
+        """Return a page of the items that match, earliest due first (see ``ItemQuery``)."""
+        if offset < 0 or limit < 0:
+            raise QueueError(ErrorCode.INVALID, "'offset' and 'limit' must be 0 or more.")
+        query = ItemQuery(now=self.clock(), state=None if state is None else ItemState(state), domain=domain, text=text)
+        return self.store.search(query, offset=offset, limit=limit)
+
+    def summary(self, *, age_buckets: Sequence[timedelta] = AGE_BUCKETS) -> QueueSummary:
+        """Return the counts by state, the oldest item and the queue's shape, now."""
+        return self.store.summary(now=self.clock(), age_buckets=age_buckets)
+
+    def read_message(self, id: str) -> bytes | None:
+        """Return an item's message as queued, or ``None``."""
+        return self.store.read_message(str(id))
 
     def deliver_due(self, now: datetime | None = None, *, transport: Any = None, resolver: Any = None) -> Stats:
         """Deliver everything due in this process, then return what was done.
@@ -144,6 +187,20 @@ class QueueService:
         clock = self.clock if now is None else (lambda: now)
         worker = Worker(settings=self.settings, store=self.store, transport=transport, resolver=resolver, clock=clock)
         return worker.run_until_idle()
+
+
+def _on_commit(store: QueueStore) -> bool:
+    """Return whether an add must wait for the caller's transaction to commit.
+
+    A durable store outside the database (Redis) cannot join the transaction, so the
+    add waits for its commit: a view that rolls back queues nothing. The memory store
+    adds at once, as its tests expect; so does every store outside a transaction.
+    """
+    return (
+        not store.supports_transactional_enqueue
+        and store.durable
+        and transaction.get_connection().in_atomic_block
+    )
 
 
 queue = QueueService()

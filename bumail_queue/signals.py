@@ -14,16 +14,20 @@ from django.dispatch import Signal
 
 logger = logging.getLogger(__name__)
 
-#: A recipient was delivered. kwargs: ``item_id``, ``recipient``, ``reply``.
+#: A recipient was delivered. kwargs: ``item_id``, ``recipient``, ``reply``, ``envelope_sender``, ``remote_host``.
 delivered = Signal()
-#: A recipient was deferred. kwargs: ``item_id``, ``recipient``, ``reply``, ``next_attempt_at``.
+#: A recipient was deferred. kwargs: ``item_id``, ``recipient``, ``reply``, ``next_attempt_at``, ``envelope_sender``,
+#: ``remote_host``.
 deferred = Signal()
-#: A recipient failed for good. kwargs: ``item_id``, ``recipient``, ``reply``.
+#: A recipient failed for good. kwargs: ``item_id``, ``recipient``, ``reply``, ``envelope_sender``, ``remote_host``.
 failed = Signal()
 #: A DSN was queued. kwargs: ``kind`` (``"failed"``/``"delayed"``), ``dsn_id``, ``of``, ``to``, ``recipients``.
 dsn = Signal()
 #: Something went wrong beside an outcome. kwargs: ``error``, ``item_id`` (or ``None``).
 error = Signal()
+#: An item was cancelled (``queue.cancel``, the admin), no DSN sent. kwargs: ``item_id``,
+#: ``item`` (the ``QueueItem`` as it stood), ``recipients`` (the addresses not final yet).
+cancelled = Signal()
 
 
 def send(signal: Signal, **kwargs: Any) -> None:

@@ -3,14 +3,18 @@
 One ``Worker`` runs one claim loop in the calling thread and delivers on a pool of
 ``CONCURRENCY`` threads (SMTP is I/O, and ``smtplib`` blocks). The loop:
 
-1. claims up to ``CLAIM_BATCH_SIZE`` due items, never more than it has free slots for;
+1. claims a batch of due items when fewer than ``CONCURRENCY`` wait to start, up to
+   ``max(CONCURRENCY, CLAIM_BATCH_SIZE)`` waiting;
 2. starts each on a thread once its destinations have a free ``DOMAIN_CONCURRENCY``
    slot (an item waiting for a busy domain never blocks the others);
 3. sleeps until a delivery ends, the store announces new work, or ``POLL_SECONDS``.
 
-A side thread renews every held lease each third of ``LEASE_SECONDS``. ``stop()``
-claims nothing more, lets deliveries under way end and records them, and gives back
-what was claimed but not started: due at once, no attempt counted.
+A delivery thread hands its attempt to the recorder thread and takes the next item
+while the outcome is written: the recorder writes every attempt that ended meanwhile
+in one commit, then sends their signals and DSNs. A side thread renews every held
+lease each third of ``LEASE_SECONDS``. ``stop()`` claims nothing more, lets
+deliveries under way end and records them, and gives back what was claimed but not
+started: due at once, no attempt counted.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Any, Protocol
 from django.db import connections
 from django.utils import timezone
 
-from bumail_queue import signals
+from bumail_queue import delivery_log, signals
 from bumail_queue.conf import QueueSettings, Route, get_settings
 from bumail_queue.delivery.dsn import ReportedRecipient, build_dsn
 from bumail_queue.delivery.envelope import Delivery, Envelope, Host
@@ -44,6 +48,17 @@ from bumail_queue.stores import QueueStore, get_store
 from bumail_queue.stores.base import WorkListener
 
 logger = logging.getLogger(__name__)
+
+RECORD_BATCH_LIMIT = 200
+"""The most attempts the recorder writes in one commit."""
+
+RECORD_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0)
+"""Seconds between the tries of a record the store refused as unavailable."""
+
+PREFETCH_MESSAGE_LIMIT = 256 * 1024
+PREFETCH_BATCH_LIMIT = 16 * 1024 * 1024
+"""A claim's messages up to this size are read with it, in one query, at most this
+much per claim; larger ones are read when their session starts."""
 
 Clock = Callable[[], datetime]
 
@@ -168,7 +183,11 @@ class Worker:
         self._done = threading.Event()
         # Claimed items not started yet, each with the destinations it needs a slot at.
         self._waiting: list[tuple[QueueItem, set[str]]] = []
+        # Started and not yet recorded; of those, the ones whose session has ended.
         self._in_flight: dict[str, QueueItem] = {}
+        self._ended: set[str] = set()
+        self._to_record: queue_module.SimpleQueue[Attempt | None] = queue_module.SimpleQueue()
+        self._prefetched: dict[str, bytes] = {}
         self._busy: Counter[str] = Counter()
         self._lease_until: dict[str, datetime] = {}
 
@@ -229,6 +248,8 @@ class Worker:
         pool = _Pool(self.concurrency)
         renewer = threading.Thread(target=self._renew_leases, name="bumail-queue-leases", daemon=True)
         renewer.start()
+        recorder = threading.Thread(target=self._record_loop, name="bumail-queue-recorder", daemon=True)
+        recorder.start()
         listener = threading.Thread(target=self._listen, name="bumail-queue-listener", daemon=True)
         if not self.burst:
             listener.start()
@@ -240,6 +261,8 @@ class Worker:
             self._wait_for_deliveries()
             self._done.set()
             pool.shutdown()
+            self._to_record.put(None)
+            recorder.join()
             renewer.join()
             if listener.is_alive():
                 listener.join()
@@ -274,12 +297,12 @@ class Worker:
             self.stop()
 
     def _free_slots(self) -> int:
-        # Up to CONCURRENCY items may wait for a busy domain beside those in flight, so
-        # that a domain at its limit never keeps the others' mail from being claimed.
+        # Claim in batches (a claim is a commit), and only once the items waiting run
+        # low, so a worker never hoards more than one batch beyond what it delivers.
         with self._changed:
-            if len(self._in_flight) >= self.concurrency:
+            if len(self._waiting) >= self.concurrency:
                 return 0
-            return 2 * self.concurrency - len(self._in_flight) - len(self._waiting)
+            return max(self.concurrency, self.settings.claim_batch_size) - len(self._waiting)
 
     def _claim(self) -> list[QueueItem]:
         free = self._free_slots()
@@ -295,11 +318,29 @@ class Worker:
             self._report_error(error, None)
             self._stopping.wait(min(self.settings.poll_seconds, 5))
             return []
+        prefetched = self._prefetch(claimed)
         with self._changed:
             self._waiting.extend((item, self._limit_keys(item)) for item in claimed)
+            self._prefetched.update(prefetched)
             for item in claimed:
                 self._lease_until[item.id] = until
         return claimed
+
+    def _prefetch(self, claimed: list[QueueItem]) -> dict[str, bytes]:
+        # One query for a claim's messages, instead of one per session in the threads
+        # that hold an SMTP connection open meanwhile. A failure here costs nothing:
+        # each session then reads its own.
+        small, budget = [], PREFETCH_BATCH_LIMIT
+        for item in claimed:
+            if item.size <= min(PREFETCH_MESSAGE_LIMIT, budget):
+                small.append(item.id)
+                budget -= item.size
+        if not small:
+            return {}
+        try:
+            return self.store.read_messages(small)
+        except QueueError:
+            return {}
 
     def _limit_keys(self, item: QueueItem) -> set[str]:
         pending = [r.address for r in item.pending_recipients]
@@ -309,29 +350,45 @@ class Worker:
         with self._changed:
             if self.stopping:
                 return  # what waits is given back, not started
+            sessions = len(self._in_flight) - len(self._ended)
             still_waiting = []
-            for item, keys in self._waiting:
+            for index, (item, keys) in enumerate(self._waiting):
+                if sessions >= self.concurrency:
+                    still_waiting.extend(self._waiting[index:])
+                    break
                 if any(self._busy[key] >= self.domain_concurrency for key in keys):
                     still_waiting.append((item, keys))
                     continue
                 self._busy.update(keys)
                 self._in_flight[item.id] = item
+                sessions += 1
                 pool.submit(functools.partial(self._deliver, item, keys, pool))
             self._waiting = still_waiting
 
-    def _finished(self, item: QueueItem, keys: set[str], pool: _Pool) -> None:
+    def _session_ended(self, item: QueueItem, keys: set[str], pool: _Pool, *, to_record: bool) -> None:
+        # The session's slots are free for the next item; the lease stays until recorded.
         with self._changed:
             self._busy.subtract(keys)
             self._busy += Counter()  # drop the keys that reached zero
-            self._in_flight.pop(item.id, None)
-            self._lease_until.pop(item.id, None)
+            if to_record:
+                self._ended.add(item.id)
+            else:
+                self._forget(item.id)
             self._changed.notify_all()
         self._start_what_fits(pool)
+
+    def _forget(self, item_id: str) -> None:
+        """Drop an item the worker no longer holds (call with ``_changed`` held)."""
+        self._prefetched.pop(item_id, None)
+        self._in_flight.pop(item_id, None)
+        self._ended.discard(item_id)
+        self._lease_until.pop(item_id, None)
 
     def _give_back_waiting(self) -> None:
         with self._changed:
             waiting = [item for item, _ in self._waiting]
             self._waiting = []
+            self._prefetched.clear()
         now = self.clock()
         for item in waiting:
             try:
@@ -395,19 +452,54 @@ class Worker:
 
     def _deliver(self, item: QueueItem, keys: set[str], pool: _Pool) -> None:
         close_broken_connections()
+        attempt = None
         try:
             attempt = self.attempt(item)
-            if attempt is not None:
-                self.record(attempt)
-        except Exception as error:  # a bug or a store down: the lease brings the item back
+        except QueueError as error:  # the store is down: said once, the lease brings the item back
+            self._report_error(error, item.id)
+        except Exception as error:  # a bug: the lease brings the item back
             logger.exception("delivery failed item=%s", item.id, extra={"action": "error", "item_id": item.id})
             self._report_error(error, item.id)
         finally:
-            self._finished(item, keys, pool)
+            self._session_ended(item, keys, pool, to_record=attempt is not None)
+        if attempt is not None:
+            self._to_record.put(attempt)
+
+    def _record_loop(self) -> None:
+        # Every attempt that ended while the last batch was written goes in the next.
+        try:
+            while (first := self._to_record.get()) is not None:
+                batch = [first]
+                while len(batch) < RECORD_BATCH_LIMIT:
+                    try:
+                        attempt = self._to_record.get_nowait()
+                    except queue_module.Empty:
+                        break
+                    if attempt is None:
+                        self._to_record.put(None)  # still the recorder's last call
+                        break
+                    batch.append(attempt)
+                close_broken_connections()
+                try:
+                    self.record_many(batch)
+                except Exception as error:  # a bug: the leases bring the items back
+                    logger.exception("recording failed items=%d", len(batch), extra={"action": "error"})
+                    for attempt in batch:
+                        self._report_error(error, attempt.item.id)
+                finally:
+                    with self._changed:
+                        for attempt in batch:
+                            self._forget(attempt.item.id)
+                        self._changed.notify_all()
+        finally:
+            connections.close_all()
 
     def attempt(self, item: QueueItem) -> Attempt | None:
         """Try every pending recipient of ``item`` once; ``None`` if the item is gone."""
-        message = self.store.read_message(item.id)
+        with self._changed:
+            message = self._prefetched.pop(item.id, None)
+        if message is None:
+            message = self.store.read_message(item.id)
         if message is None:
             if self.store.get(item.id) is None:
                 return None  # cancelled, or finished by another worker: not ours to tell
@@ -460,11 +552,38 @@ class Worker:
 
     def record(self, attempt: Attempt) -> QueueItem | None:
         """Record an attempt while the lease holds, then send its signals and DSNs."""
+        return self.record_many([attempt])[0]
+
+    def record_many(self, attempts: Sequence[Attempt]) -> list[QueueItem | None]:
+        """Record attempts in one step of the store, then tell each one's outcome.
+
+        A store that is briefly unavailable (a restart, a failover) is tried again a
+        few times: the mail has gone out, and an outcome not recorded means sending
+        it again once the lease expires.
+        """
+        results = [(a.item.id, a.result) for a in attempts]
+        delays = iter(RECORD_RETRY_DELAYS)
+        while True:
+            try:
+                done = self.store.complete_many(self.owner, results)
+                break
+            except QueueError as error:
+                delay = next(delays, None) if error.code == ErrorCode.STORE_UNAVAILABLE else None
+                if delay is None:
+                    for attempt in attempts:
+                        self._report_error(error, attempt.item.id)
+                    return [None] * len(attempts)
+                logger.warning("recording again in %gs items=%d: %s", delay, len(attempts), error, extra={"action": "error"})
+                time.sleep(delay)
+                close_broken_connections()
+        with delivery_log.gathered():  # the batch's log entries in one INSERT
+            return [self._told(attempt, recorded) for attempt, recorded in zip(attempts, done, strict=True)]
+
+    def _told(self, attempt: Attempt, recorded: QueueItem | QueueError | None) -> QueueItem | None:
+        """Send what one recorded attempt calls for: its signals, its DSNs, its errors."""
         item = attempt.item
-        try:
-            recorded = self.store.complete(item.id, owner=self.owner, result=attempt.result)
-        except QueueError as error:
-            self._report_error(error, item.id)
+        if isinstance(recorded, QueueError):
+            self._report_error(recorded, item.id)
             return None
         if recorded is None:
             lease_until = self._lease_until.get(item.id)
@@ -508,13 +627,21 @@ class Worker:
                 item.id, address, outcome.status.value, reply_line(reply),
                 extra={"action": outcome.status.value, "item_id": item.id},
             )  # fmt: skip
+            # The delivery log keeps the sender and the host that gave the reply.
+            told = {
+                "item_id": item.id,
+                "recipient": address,
+                "reply": reply,
+                "envelope_sender": item.sender,
+                "remote_host": attempt.remote_hosts.get(address),
+            }
             if outcome.status == RecipientStatus.DELIVERED:
-                signals.send(signals.delivered, item_id=item.id, recipient=address, reply=reply)
+                signals.send(signals.delivered, **told)
             elif outcome.status == RecipientStatus.FAILED:
-                signals.send(signals.failed, item_id=item.id, recipient=address, reply=reply)
+                signals.send(signals.failed, **told)
             else:
                 next_at = recorded.next_attempt_at if recorded is not None else attempt.result.next_attempt_at
-                signals.send(signals.deferred, item_id=item.id, recipient=address, reply=reply, next_attempt_at=next_at)
+                signals.send(signals.deferred, **told, next_attempt_at=next_at)
 
     def _send_dsns(self, attempt: Attempt) -> None:
         item = attempt.item

@@ -5,11 +5,18 @@ The suite runs once per database: on SQLite (the default) and on PostgreSQL
 marked ``sqlite`` need SQLite. A test whose database is not the configured one is
 deselected and reported; under ``CI`` a selected ``postgres`` test whose server
 cannot be reached fails the run instead of being skipped.
+
+Tests marked ``redis`` (the Redis store's, in every run) need the Redis at
+``REDIS_URL`` (``redis://127.0.0.1:6379/0`` by default), each under a key prefix of
+its own. Without it they are deselected and reported; under ``CI`` the run fails.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import uuid
+from collections.abc import Iterator
 
 import pytest
 from django.conf import settings
@@ -19,16 +26,35 @@ from bumail_queue.conf import get_settings
 from bumail_queue.stores import get_store
 from bumail_queue.stores.memory import MemoryStore
 from bumail_queue.stores.orm import ORMStore
+from bumail_queue.stores.redis import RedisStore
 
-# Real servers on loopback that tests configure: a DNS server, SMTP servers.
-pytest_plugins = ["tests.servers.dns", "tests.servers.smtp"]
+# Real servers on loopback that tests configure: a DNS server, SMTP servers, Redis servers.
+pytest_plugins = ["tests.servers.dns", "tests.servers.smtp", "tests.servers.redis"]
 
 VENDOR = {"django.db.backends.postgresql": "postgresql", "django.db.backends.sqlite3": "sqlite"}.get(
     settings.DATABASES["default"]["ENGINE"], "other"
 )
 
 
+#: The CACHES alias of the test Redis (settings.REDIS_URL); each test keeps its keys
+#: under a prefix of its own (the ``redis_prefix`` fixture).
+REDIS_ALIAS = "queue"
+
+
+def redis_unreachable() -> str | None:
+    """Return why the test Redis cannot be used, or ``None`` when it answers."""
+    import redis
+
+    try:
+        redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=5, socket_timeout=5).ping()
+    except redis.RedisError as error:
+        return str(error) or type(error).__name__
+    return None
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _deselect_redis_tests_without_redis(config, items)
     keep, drop = [], []
     for item in items:
         needs = {"postgres": "postgresql", "sqlite": "sqlite"}
@@ -60,6 +86,25 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             pytest.exit(f"PostgreSQL is required under CI and cannot be reached: {error}", returncode=3)
 
 
+def _deselect_redis_tests_without_redis(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Under CI a Redis that cannot be reached fails the run; elsewhere its tests are
+    # deselected and reported, as those of a database other than the configured one.
+    wanting = [item for item in items if item.get_closest_marker("redis")]
+    reason = redis_unreachable() if wanting else None
+    if reason is None:
+        return
+    if os.environ.get("CI"):
+        pytest.exit(f"Redis is required under CI and cannot be reached at {settings.REDIS_URL}: {reason}", returncode=3)
+    config.hook.pytest_deselected(items=wanting)
+    items[:] = [item for item in items if not item.get_closest_marker("redis")]
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(
+            f"bumail_queue: {len(wanting)} tests deselected: Redis cannot be reached at {settings.REDIS_URL} "
+            f"({reason}); set REDIS_URL, as CI does."
+        )
+
+
 @pytest.fixture(autouse=True)
 def _fresh_store_cache():
     """Each test starts with stores and settings read anew (a memory store starts empty)."""
@@ -70,14 +115,42 @@ def _fresh_store_cache():
     get_store.cache_clear()
 
 
-@pytest.fixture(params=["memory", "orm"])
+@pytest.fixture(params=["memory", "orm", pytest.param("redis", marks=pytest.mark.redis)])
 def store(request: pytest.FixtureRequest):
     """Every store the contract suite holds to its promises."""
     # Tests using it are marked django_db(transaction=True): the ORM store writes
     # outside any test transaction, as a worker does.
     if request.param == "memory":
         return MemoryStore(get_settings())
+    if request.param == "redis":
+        return request.getfixturevalue("redis_store")
     return ORMStore(get_settings())
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A ``REDIS_KEY_PREFIX`` no other test uses; its keys are deleted after the test."""
+    prefix = f"bumail:test:{uuid.uuid4().hex[:16]}:"
+    yield prefix
+    from django_redis import get_redis_connection
+
+    client = get_redis_connection(REDIS_ALIAS)
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+@pytest.fixture
+def redis_settings(redis_prefix: str) -> dict[str, str]:
+    """The ``BUMAIL_QUEUE`` keys of a Redis store under this test's own prefix."""
+    return {"STORE": "redis", "REDIS_CONNECTION": REDIS_ALIAS, "REDIS_KEY_PREFIX": redis_prefix}
+
+
+@pytest.fixture
+def redis_store(redis_prefix: str) -> RedisStore:
+    """An empty Redis store under this test's own prefix."""
+    settings = dataclasses.replace(get_settings(), store="redis", redis_connection=REDIS_ALIAS, redis_key_prefix=redis_prefix)
+    return RedisStore(settings)
 
 
 @pytest.fixture

@@ -29,6 +29,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         or str(Path(tempfile.gettempdir()) / f"bumail-queue-test-{os.getpid()}.sqlite3")
     }
     DATABASES["default"]["OPTIONS"] = {"timeout": 30}
+else:
+    # Likewise one test database per run on a shared server.
+    DATABASES["default"]["TEST"] = {"NAME": f"test_bumail_queue_{os.getpid()}"}
+
+# The Redis store's tests use the "queue" alias (REDIS_CONNECTION), each under a key
+# prefix of its own; the default cache stays in memory.
+REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "queue": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL},
+}
 
 INSTALLED_APPS = [
     "django.contrib.admin",

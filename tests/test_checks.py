@@ -46,7 +46,7 @@ def test_the_test_settings_give_no_message_of_ours():
     [
         ({**HOST, "CONCURRENCY": 0}, "bumail_queue.E010", "BUMAIL_QUEUE['CONCURRENCY'] must be a whole number above 0; got 0."),
         ({**HOST, "CONCURENCY": 4}, "bumail_queue.E002", "Did you mean 'CONCURRENCY'?"),
-        ({**HOST, "STORE": "redis"}, "bumail_queue.E003", "BUMAIL_QUEUE['STORE'] must be one of 'orm', 'memory'"),
+        ({**HOST, "STORE": "mongodb"}, "bumail_queue.E003", "BUMAIL_QUEUE['STORE'] must be one of 'orm', 'memory'"),
         ({**HOST, "ROUTE": {"TYPE": "smarthost", "HOST": "smtp.example.com", "TLS": "ssl"}}, "bumail_queue.E007", "got 'ssl'"),
         ({**HOST, "MAX_AGE": 0}, "bumail_queue.E011", "BUMAIL_QUEUE['MAX_AGE'] must be a timedelta"),
     ],
@@ -76,7 +76,7 @@ def test_the_check_command_reports_every_problem():
     [
         (["not", "a", "dict"], "bumail_queue.E001"),
         ({**HOST, "CONCURENCY": 4}, "bumail_queue.E002"),
-        ({**HOST, "STORE": "redis"}, "bumail_queue.E003"),
+        ({**HOST, "STORE": "mongodb"}, "bumail_queue.E003"),
         ({**HOST, "DATABASE": "replica"}, "bumail_queue.E004"),
         ({**HOST, "REDIS_KEY_PREFIX": "q:*"}, "bumail_queue.E005"),
         ({"HOSTNAME": "not a host"}, "bumail_queue.E006"),

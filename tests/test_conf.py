@@ -136,7 +136,7 @@ PROBLEMS = [
     ({"CONCURENCY": 3}, "bumail_queue.E002", "Did you mean 'CONCURRENCY'?"),
     ({"MAX_SIZE": 10}, "bumail_queue.E002", "'MAX_SIZE'"),
     ({"XYZZY": 1}, "bumail_queue.E002", "Known keys: STORE"),
-    ({"STORE": "redis"}, "bumail_queue.E003", "'orm', 'memory'"),
+    ({"STORE": "mongodb"}, "bumail_queue.E003", "'orm', 'memory'"),
     ({"STORE": ""}, "bumail_queue.E003", "'orm', 'memory'"),
     ({"STORE": 5}, "bumail_queue.E003", "dotted path of a QueueStore class"),
     ({"DATABASE": "replica"}, "bumail_queue.E004", "DATABASES ('default'); got 'replica'"),
@@ -230,7 +230,7 @@ def test_a_setting_that_is_not_a_dict_is_e001():
 
 
 def test_problems_name_the_key_they_are_about():
-    by_id = {p.id: p.key for p in validate({"CONCURENCY": 1, "STORE": "redis", "MX_PORT": 0, "MAX_AGE": 0})}
+    by_id = {p.id: p.key for p in validate({"CONCURENCY": 1, "STORE": "mongodb", "MX_PORT": 0, "MAX_AGE": 0})}
 
     assert by_id == {
         "bumail_queue.E002": "CONCURENCY",
@@ -243,7 +243,7 @@ def test_problems_name_the_key_they_are_about():
 def test_every_problem_is_reported_at_once():
     raw = {
         "CONCURENCY": 4,
-        "STORE": "redis",
+        "STORE": "mongodb",
         "DATABASE": "replica",
         "ROUTE": {**SMARTHOST, "TLS": "ssl", "PORT": 0},
         "MX_PORT": 0,

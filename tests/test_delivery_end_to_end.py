@@ -113,20 +113,33 @@ def worker_env(settings):
     return env
 
 
-def start_worker(settings, *args):
+def start_worker(settings, *args, redis_url=None):
+    env = worker_env(settings)
+    if redis_url is not None:
+        env["REDIS_URL"] = redis_url
     return subprocess.Popen(
         [sys.executable, "-m", "django", "queue_worker", "-v", "2", *args],
-        cwd=ROOT, env=worker_env(settings), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 
 
-@contextlib.contextmanager
-def running_worker(settings, *args):
-    """A ``queue_worker`` process and the lines it printed; SIGTERM and a wait at the end."""
-    worker = start_worker(settings, *args)
-    lines = []
+def read_all(worker):
+    """Collect what a worker prints, as it prints it (a full pipe would stall it).
+
+    Return the list of lines, and the thread that fills it: join it once the worker
+    has exited to have every line.
+    """
+    lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(worker.stdout), daemon=True)
     reader.start()
+    return lines, reader
+
+
+@contextlib.contextmanager
+def running_worker(settings, *args, redis_url=None):
+    """A ``queue_worker`` process and the lines it printed; SIGTERM and a wait at the end."""
+    worker = start_worker(settings, *args, redis_url=redis_url)
+    lines, reader = read_all(worker)
     try:
         yield worker, lines
         worker.send_signal(signal.SIGTERM)
@@ -168,6 +181,16 @@ def test_queue_worker_delivers_and_stops_on_sigterm_with_status_0(smtp_server):
 
 
 @pytest.mark.slow
+def test_queue_worker_does_not_start_on_a_setting_its_checks_refuse(smtp_server):
+    worker = start_worker(smarthost(smtp_server, CONCURRENCY=0), "--burst")
+    output, _ = worker.communicate(timeout=30)
+    assert worker.returncode == 1, output
+    assert "bumail_queue.E010" in output
+    assert "CONCURRENCY" in output
+    assert smtp_server.connections == 0
+
+
+@pytest.mark.slow
 def test_a_second_signal_exits_at_once_with_status_1(smtp_servers):
     server = smtp_servers(stall_at="DATA_END", stall_seconds=30)
     settings = smarthost(server, POLL_SECONDS=0.2)
@@ -185,6 +208,32 @@ def test_a_second_signal_exits_at_once_with_status_1(smtp_servers):
         if worker.poll() is None:
             worker.kill()
     assert worker.returncode == 1
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_delivery_has_its_item_delivered_by_another_after_its_lease(smtp_servers):
+    server = smtp_servers(stall_at="DATA_END", stall_seconds=30)
+    settings = smarthost(server, POLL_SECONDS=0.2, LEASE_SECONDS=2)
+    with override_settings(BUMAIL_QUEUE=settings):
+        item = queue.enqueue(EmailMessage("Hi", "Body", "app@example.com", ["a@example.org"]))
+    killed = start_worker(settings)
+    try:
+        assert wait_until(lambda: "DATA" in server.verbs()), "the session did not start"
+        killed.kill()
+        killed.wait(timeout=10)
+    finally:
+        if killed.poll() is None:
+            killed.kill()
+    assert killed.returncode == -signal.SIGKILL
+    held = get_store().get(item.id)
+    assert (held.lease_owner is not None, held.attempts) == (True, 0)  # nothing recorded
+    server.stall_at = None  # the next session goes through
+    with running_worker(settings) as (worker, _lines):
+        assert wait_until(lambda: len(server.messages) == 1), "the item did not come back"
+        assert wait_until(lambda: get_store().get(item.id) is None), "the delivery was not recorded"
+    assert worker.returncode == 0
+    assert [m.rcpt_tos for m in server.messages] == [["a@example.org"]]
+    assert server.connections == 2
 
 
 @pytest.mark.slow

@@ -13,13 +13,16 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection, connections
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
 from bumail_queue import signals
 from bumail_queue.delivery.dns import Destinations
 from bumail_queue.delivery.envelope import Delivery, Host
 from bumail_queue.errors import QueueError
 from bumail_queue.items import Outcome, RecipientStatus, Reply
+from bumail_queue.models import DeliveryLog
 from bumail_queue.service import QueueService
 from bumail_queue.stores import get_store
 from bumail_queue.worker import Worker
@@ -231,7 +234,13 @@ def test_stop_gives_back_what_was_claimed_but_not_started():
 
     # Six claimed at once; all go to one smarthost, which takes one session at a time.
     worker = Worker(transport=ScriptedTransport(on_deliver=slow), clock=lambda: T0, concurrency=6, domain_concurrency=1)
-    thread = threading.Thread(target=worker.run)
+    def run_in_thread():
+        try:
+            worker.run()
+        finally:
+            connections.close_all()  # this thread's own, as a worker process would at exit
+
+    thread = threading.Thread(target=run_in_thread)
     thread.start()
     assert started.wait(5)
     worker.stop()
@@ -284,9 +293,48 @@ def test_a_store_error_during_record_is_told_and_the_lease_brings_the_item_back(
         raise QueueError("STORE_UNAVAILABLE", "The queue's database 'default' could not be used: gone")
 
     monkeypatch.setattr(store, "complete", broken)
+    monkeypatch.setattr(store, "complete_many", broken)
+    monkeypatch.setattr("bumail_queue.worker.RECORD_RETRY_DELAYS", (0.01, 0.01))
     run(ScriptedTransport())
     assert [name for name, _ in told] == ["error"]
     assert told[0][1]["error"].code == "STORE_UNAVAILABLE"
     kept = store.get(item.id)
     assert kept.lease_owner is not None  # comes back once the lease expires
     assert kept.next_attempt_at == T0 + timedelta(seconds=600)
+
+
+def test_a_batch_of_attempts_is_recorded_in_one_step_with_its_log_in_one_insert(told):
+    items = [enqueue([f"user{n}@example.org"]) for n in range(3)]
+    store = get_store()
+    worker = Worker(transport=ScriptedTransport({"user2@example.org": LATER}), clock=lambda: T0, owner="w1")
+    claimed = store.claim(owner="w1", now=T0, lease_until=T0 + timedelta(minutes=10), limit=3)
+    attempts = [worker.attempt(item) for item in claimed]
+    with CaptureQueriesContext(connection) as queries:
+        recorded = worker.record_many(attempts)
+    assert [r is None for r in recorded] == [False, False, False]
+    assert [name for name, _ in told] == ["delivered", "delivered", "deferred"]
+    assert [store.get(i.id) is None for i in items] == [True, True, False]
+    log_inserts = [q for q in queries if q["sql"].startswith("INSERT") and DeliveryLog._meta.db_table in q["sql"]]
+    assert len(log_inserts) == 1
+    assert DeliveryLog.objects.count() == 3
+
+
+def test_a_record_the_store_refuses_as_unavailable_is_tried_again(told, monkeypatch):
+    item = enqueue(["a@example.org"])
+    store = get_store()
+    real = store.complete_many
+    calls = []
+
+    def down_twice(*args, **kwargs):
+        calls.append(1)
+        if len(calls) <= 2:
+            raise QueueError("STORE_UNAVAILABLE", "The queue's database 'default' could not be used: restarting")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "complete_many", down_twice)
+    monkeypatch.setattr("bumail_queue.worker.RECORD_RETRY_DELAYS", (0.01, 0.01, 0.01))
+    stats = run(ScriptedTransport())
+    assert len(calls) == 3
+    assert stats.delivered == 1
+    assert [name for name, _ in told] == ["delivered"]  # recorded, so never sent again
+    assert store.get(item.id) is None

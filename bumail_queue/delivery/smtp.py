@@ -47,6 +47,16 @@ The transaction
     accepted recipient. A 421 anywhere defers what is undecided and drops the
     connection.
 
+Pipelining (RFC 2920)
+    When the server offers PIPELINING, MAIL, every RCPT and DATA go in one write (with
+    the RSET that begins a reused connection's transaction in front), and their
+    replies are read in order: two round trips per transaction instead of four or
+    more. The replies decide as above, with two differences the protocol makes: DATA
+    has been sent even when no RCPT was accepted (the server refuses it; a 354 is
+    answered with an empty message), and after a 452 every later RCPT has been heard
+    too, so those accepted take the message and each one that heard 452 is left for
+    the next transaction.
+
 The message
     Sent as its bytes, lines ending in CRLF (lone CR or LF become CRLF), dot-stuffed,
     in 64 KiB blocks: smtplib's ``data()`` does neither CRLF for bytes nor the step
@@ -88,8 +98,9 @@ Replies
 Connections
     After a transaction the connection is kept for ``reuse_seconds`` in a pool keyed
     by host name, address, port, TLS policy and username; the next envelope for that
-    host starts with RSET, and a pooled connection that fails it is discarded and a
-    new one opened, silently. ``reuse_seconds`` 0 means QUIT after each envelope.
+    host starts with RSET (pipelined with MAIL when the server offers PIPELINING),
+    and a pooled connection that fails it is discarded and a new one opened,
+    silently. ``reuse_seconds`` 0 means QUIT after each envelope.
     ``close_idle()`` closes what was idle longer than ``reuse_seconds``, ``close()``
     everything in the pool. ``deliver()`` may be called from several threads at
     once; a connection is used by one of them at a time.
@@ -223,6 +234,7 @@ class _Session:
     host: Host
     key: _Key
     last_used: float = 0.0
+    reused: bool = False  # taken from the pool: its first transaction starts with RSET
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -262,6 +274,10 @@ class _StepError(Exception):
         reply = reply_from(code, raw)
         text = f"Unexpected reply {code if code >= 0 else '(no valid code)'} {when}: {reply.text}"
         return cls(_own("4.5.0", text), answered=True)
+
+
+class _StaleConnectionError(Exception):
+    """A pooled connection failed the RSET that begins its reuse: nothing was decided."""
 
 
 class _RouteRefusedError(Exception):
@@ -442,8 +458,18 @@ class SMTPTransport:
             except _RouteRefusedError as failure:
                 self._option_failed(failure.error, pending, outcomes)
                 return finish(host.name, failure.error)
-            self._transact(session, envelope, message, pending, outcomes, deadline)
-            return finish(host.name)
+            while not self._transact(session, envelope, message, pending, outcomes, deadline):
+                # A pooled connection had gone stale: the next pooled one, or a new one.
+                try:
+                    session = self._session(host, policy, route, envelope.item_id, deadline)
+                except _StepError as failure:
+                    last, last_host = failure, host
+                    break
+                except _RouteRefusedError as failure:
+                    self._option_failed(failure.error, pending, outcomes)
+                    return finish(host.name, failure.error)
+            else:
+                return finish(host.name)
 
         if last is None:
             last = _StepError(_own("4.4.4", "There is no host to deliver to."))
@@ -501,6 +527,10 @@ class SMTPTransport:
     def _session(self, host: Host, policy: _Policy, route: Route, item_id: str, deadline: float) -> _Session:
         key = _Key(host.name.lower(), host.address, host.port, policy)
         while (session := self._take(key)) is not None:
+            if session.conn.has_extn("pipelining"):
+                # Its RSET goes with MAIL, RCPT and DATA: no round trip of its own.
+                session.reused = True
+                return session
             try:
                 self._arm(session.conn, self._timeouts.mail, deadline, "before RSET")
                 code, _ = session.conn.rset()
@@ -667,12 +697,19 @@ class SMTPTransport:
         pending: list[str],
         outcomes: dict[str, Outcome],
         deadline: float,
-    ) -> None:
-        """Give every recipient of ``pending`` an outcome on ``session``; pool or close it."""
+    ) -> bool:
+        """Give every recipient of ``pending`` an outcome on ``session``; pool or close it.
+
+        Return ``False``, having decided nothing, when ``session`` came from the pool
+        and turned out closed: the caller takes another.
+        """
         reusable = False
         try:
             self._transactions(session, envelope, message, pending, outcomes, deadline)
             reusable = True
+        except _StaleConnectionError:
+            logger.debug("%s %s: a pooled connection failed RSET; reconnecting", envelope.item_id, session.host)
+            return False
         except _StepError as failure:
             self._settle(pending, outcomes, failure)
         except smtplib.SMTPServerDisconnected as error:
@@ -686,6 +723,7 @@ class SMTPTransport:
                 self._give(session)
             else:
                 session.conn.close()
+        return True
 
     def _settle(self, pending: Iterable[str], outcomes: dict[str, Outcome], failure: _StepError) -> None:
         outcome = Outcome(status=failure.status, reply=failure.reply)
@@ -693,7 +731,13 @@ class SMTPTransport:
 
     def _command(self, session: _Session, item_id: str, step: float, deadline: float, verb: str, args: str = "") -> tuple[int, bytes]:
         self._arm(session.conn, step, deadline, f"before {verb}")
-        code, raw = session.conn.docmd(verb, args)
+        session.conn.putcmd(verb, args)
+        return self._reply(session, item_id, step, deadline, verb, args)
+
+    def _reply(self, session: _Session, item_id: str, step: float, deadline: float, verb: str, args: str = "") -> tuple[int, bytes]:
+        """Read the reply to ``verb``, sent already; a 421 or a malformed reply raises."""
+        self._arm(session.conn, step, deadline, f"waiting for the reply to {verb}")
+        code, raw = session.conn.getreply()
         logger.debug("%s %s: %s -> %s", item_id, session.host, f"{verb} {args}".rstrip(), code)
         if code == 421:
             raise _StepError.of_reply(code, raw, when=f"to {verb}")
@@ -731,6 +775,12 @@ class SMTPTransport:
         if utf8 and (needs_smtputf8(envelope.sender) or any(map(needs_smtputf8, todo))):
             options.append("SMTPUTF8")
 
+        if conn.has_extn("pipelining"):
+            reset = session.reused
+            while todo:
+                todo = self._pipelined(session, envelope, message, todo, outcomes, deadline, options, reset=reset)
+                reset = True
+            return
         first = True
         while todo:
             if not first:
@@ -750,6 +800,99 @@ class SMTPTransport:
                 outcomes.update((r, outcome) for r in todo)
                 return
             todo = self._recipients(session, envelope, message, todo, outcomes, deadline)
+
+    def _pipelined(
+        self,
+        session: _Session,
+        envelope: Envelope,
+        message: _Message,
+        todo: list[str],
+        outcomes: dict[str, Outcome],
+        deadline: float,
+        options: list[str],
+        *,
+        reset: bool,
+    ) -> list[str]:
+        """One transaction with RFC 2920 pipelining: ``[RSET] MAIL RCPT... DATA`` in one
+        write, their replies read in order, then the message; return the recipients
+        left for another transaction (after a 452)."""
+        conn, t, item_id = session.conn, self._timeouts, envelope.item_id
+        encoding = "utf-8" if "SMTPUTF8" in options else "ascii"
+        mail_args = f"FROM:<{envelope.sender}>" + "".join(f" {o}" for o in options)
+        try:
+            group = [f"MAIL {mail_args}\r\n".encode(encoding)]
+        except UnicodeEncodeError as error:
+            reply = _own("5.1.7", f"smtplib refused the sender address: {error}")
+            outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=reply)) for r in todo)
+            return []
+        sent: list[str] = []
+        for recipient in todo:
+            try:
+                group.append(f"RCPT TO:<{recipient}>\r\n".encode(encoding))
+            except UnicodeEncodeError as error:
+                reply = _own("5.1.3", f"smtplib refused the recipient address: {error}")
+                outcomes[recipient] = Outcome(status=RecipientStatus.FAILED, reply=reply)
+                continue
+            sent.append(recipient)
+        if not sent:
+            return []
+        if reset:
+            group.insert(0, b"RSET\r\n")
+        group.append(b"DATA\r\n")
+        self._arm(conn, t.mail, deadline, "before MAIL")
+        try:
+            conn.send(b"".join(group))
+            if reset:
+                code, raw = self._reply(session, item_id, t.mail, deadline, "RSET")
+                if not 200 <= code < 300:
+                    raise _StepError.of_reply(code, raw, when="to RSET")
+        except (OSError, smtplib.SMTPException, _StepError) as error:
+            if session.reused:
+                raise _StaleConnectionError from error
+            raise
+        session.reused = False
+        mail_code, mail_raw = self._reply(session, item_id, t.mail, deadline, "MAIL", mail_args)
+        accepted: list[str] = []
+        left: list[str] = []
+        too_many: Outcome | None = None
+        for recipient in sent:
+            code, raw = self._reply(session, item_id, t.rcpt, deadline, "RCPT", f"TO:<{recipient}>")
+            if not 200 <= mail_code < 300:
+                continue  # refused after a refused MAIL: the MAIL reply decides
+            if code == 452:
+                too_many = _outcome(code, raw)
+                left.append(recipient)
+            elif 200 <= code < 300:
+                accepted.append(recipient)
+            else:
+                outcomes[recipient] = _outcome(code, raw)
+        code, raw = self._reply(session, item_id, t.data, deadline, "DATA")
+        if not 200 <= mail_code < 300:
+            outcome = _outcome(mail_code, mail_raw)
+            outcomes.update((r, outcome) for r in sent)
+            left = []
+        elif too_many is not None and left == sent:
+            # Not one recipient was decided: another transaction would get the same.
+            outcomes.update((r, too_many) for r in left)
+            left = []
+        if code == 354:
+            if accepted:
+                self._send_message(session, item_id, message, accepted, outcomes, deadline)
+            else:
+                self._end_empty_data(session, item_id, deadline)
+        elif 200 <= code < 300:
+            raise _StepError.protocol(code, raw, when="to DATA")
+        else:
+            outcome = _outcome(code, raw)
+            outcomes.update((r, outcome) for r in accepted)
+        return left
+
+    def _end_empty_data(self, session: _Session, item_id: str, deadline: float) -> None:
+        # DATA went with the recipients, every one was refused, and yet the server
+        # said 354: end the message at once; no recipient takes it (RFC 2920 §3.1).
+        self._arm(session.conn, self._timeouts.data_block, deadline, "while ending an empty message")
+        session.conn.send(b".\r\n")
+        self._reply(session, item_id, self._timeouts.data_end, deadline, "DATA (empty)")
 
     def _recipients(
         self,
@@ -798,14 +941,20 @@ class SMTPTransport:
     def _data(
         self, session: _Session, item_id: str, message: _Message, accepted: list[str], outcomes: dict[str, Outcome], deadline: float
     ) -> None:
-        conn, t = session.conn, self._timeouts
-        code, raw = self._command(session, item_id, t.data, deadline, "DATA")
+        code, raw = self._command(session, item_id, self._timeouts.data, deadline, "DATA")
         if code != 354:
             if 200 <= code < 300:
                 raise _StepError.protocol(code, raw, when="to DATA")
             outcome = _outcome(code, raw)
             outcomes.update((r, outcome) for r in accepted)
             return
+        self._send_message(session, item_id, message, accepted, outcomes, deadline)
+
+    def _send_message(
+        self, session: _Session, item_id: str, message: _Message, accepted: list[str], outcomes: dict[str, Outcome], deadline: float
+    ) -> None:
+        """Send the message after a 354; its reply decides every accepted recipient."""
+        conn, t = session.conn, self._timeouts
         view = memoryview(message.data)
         for start in range(0, len(view), BLOCK_SIZE):
             self._arm(conn, t.data_block, deadline, "while sending the message")

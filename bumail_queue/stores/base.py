@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import abc
 import builtins
-from collections.abc import Iterable, Sequence
-from datetime import datetime
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from django.core.checks import CheckMessage
@@ -31,6 +31,7 @@ from django.core.checks import CheckMessage
 from bumail_queue.conf import QueueSettings
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, QueueItem
+from bumail_queue.queries import AGE_BUCKETS, ItemQuery, QueueSummary, summarize
 from bumail_queue.text import is_keepable, require_keepable
 
 
@@ -87,6 +88,15 @@ class QueueStore(abc.ABC):
     def read_message(self, item_id: str) -> bytes | None:
         """Return the message's bytes as enqueued, or ``None`` when there are none."""
 
+    def read_messages(self, item_ids: Iterable[str]) -> dict[str, bytes]:
+        """Return the messages of several items by id; an item without one is left out."""
+        found = {}
+        for item_id in item_ids:
+            message = self.read_message(item_id)
+            if message is not None:
+                found[item_id] = message
+        return found
+
     @abc.abstractmethod
     def claim(self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1) -> builtins.list[QueueItem]:
         """Lease up to ``limit`` items due at ``now`` to ``owner`` until ``lease_until``.
@@ -109,6 +119,25 @@ class QueueStore(abc.ABC):
         is recorded.
         """
 
+    def complete_many(
+        self, owner: str, results: Sequence[tuple[str, AttemptResult]]
+    ) -> builtins.list[QueueItem | QueueError | None]:
+        """Record several attempts of one owner, as ``complete`` does each.
+
+        Return, in the order given, what ``complete`` returns for each item, or the
+        ``QueueError`` it would raise (``LEASE_LOST``): one item's refusal never keeps
+        the others from being recorded. A store may record them all in one commit.
+        """
+        done: builtins.list[QueueItem | QueueError | None] = []
+        for item_id, result in results:
+            try:
+                done.append(self.complete(item_id, owner=owner, result=result))
+            except QueueError as error:
+                if error.code != ErrorCode.LEASE_LOST:
+                    raise
+                done.append(error)
+        return done
+
     @abc.abstractmethod
     def reschedule(self, item_id: str, *, at: datetime, owner: str | None = None) -> bool:
         """Make the item due at ``at``; ``True`` when it moved.
@@ -120,6 +149,57 @@ class QueueStore(abc.ABC):
     @abc.abstractmethod
     def cancel(self, item_id: str) -> QueueItem | None:
         """Drop the item and its message; return it as it stood, or ``None``."""
+
+    # -- reading for operators: the admin and queue_status ------------------------------
+    # Each has a plain-Python default built on ``list`` and ``read_message``, right for
+    # any store but reading the whole queue; a store with indexes should do better.
+
+    def search(self, query: ItemQuery, *, offset: int = 0, limit: int = 100) -> builtins.list[QueueItem]:
+        """Return a page of the items ``query`` matches, in ``list``'s order.
+
+        Every store matches ``query.state``, ``query.domain`` and ``query.text`` as
+        ``ItemQuery`` documents; ``offset`` and ``limit`` count matching items only.
+        """
+        if query.item_id is not None:  # an id: one get, no scan
+            found = self.get(query.item_id)
+            return [found] if found is not None and query.matches(found) and offset == 0 and limit > 0 else []
+        matched: builtins.list[QueueItem] = []
+        for item in self._scan():
+            if query.matches(item):
+                matched.append(item)
+                if len(matched) >= offset + limit:
+                    break
+        return matched[offset:]
+
+    def read_message_heads(self, item_ids: Sequence[str], *, size: int = 8192) -> dict[str, bytes]:
+        """Return the first ``size`` bytes of each item's message, by item id.
+
+        An id without a message (unknown, gone, lost) is left out. For the admin's
+        list, which shows each item's subject without reading whole messages.
+        """
+        heads = {}
+        for item_id in item_ids:
+            data = self.read_message(item_id)
+            if data is not None:
+                heads[item_id] = data[:size]
+        return heads
+
+    def summary(self, *, now: datetime, age_buckets: Sequence[timedelta] = AGE_BUCKETS) -> QueueSummary:
+        """Return the counts by state, the oldest item and the queue's shape at ``now``."""
+        return summarize(self._scan(), now=now, age_buckets=age_buckets)
+
+    def estimated_count(self) -> int:
+        """Return about how many items the queue holds, cheaply where the store can.
+
+        The admin shows it above its list. The default is the exact ``count()``.
+        """
+        return self.count()
+
+    def _scan(self, chunk: int = 1000) -> Iterator[QueueItem]:
+        offset = 0
+        while page := self.list(offset=offset, limit=chunk):
+            yield from page
+            offset += len(page)
 
     def listener(self) -> WorkListener | None:
         """Return a way to sleep until new work is announced, or ``None`` to poll."""
@@ -157,6 +237,15 @@ class QueueStore(abc.ABC):
             require_keepable(address, "recipient")
             require_keepable(outcome.reply.text, "reply text")
             require_keepable(outcome.reply.status, "reply status")
+
+    @staticmethod
+    def lease_lost(item_id: str, owner: str) -> QueueError:
+        """The error ``complete`` raises when ``owner`` no longer holds the lease."""
+        return QueueError(
+            ErrorCode.LEASE_LOST,
+            f"The lease on item {item_id} is no longer held by {owner!r}; nothing was recorded.",
+            item_id=item_id,
+        )
 
     @staticmethod
     def is_known_id(item_id: str) -> bool:

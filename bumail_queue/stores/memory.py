@@ -11,6 +11,7 @@ from datetime import datetime
 
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, QueueItem
+from bumail_queue.queries import ItemQuery, headers_contain
 
 from .base import QueueStore
 
@@ -81,6 +82,31 @@ class MemoryStore(QueueStore):
         with self._lock:
             return len(self._entries)
 
+    def search(self, query: ItemQuery, *, offset: int = 0, limit: int = 100) -> builtins.list[QueueItem]:
+        """Match as ``ItemQuery`` says, and ``text`` in the message's header block too."""
+        with self._lock:
+            matched = [
+                e.item
+                for e in self._ordered()
+                if query.matches(e.item)
+                or (
+                    query.text is not None
+                    and query.item_id is None
+                    and e.message is not None
+                    and query.matches(e.item, text=False)
+                    and headers_contain(e.message[:8192], query.text)
+                )
+            ]
+            return [self._copy(item) for item in matched[offset : offset + limit]]
+
+    def read_message_heads(self, item_ids: Sequence[str], *, size: int = 8192) -> dict[str, bytes]:
+        with self._lock:
+            return {
+                item_id: bytes(entry.message[:size])
+                for item_id in item_ids
+                if (entry := self._entries.get(item_id)) is not None and entry.message is not None
+            }
+
     def read_message(self, item_id: str) -> bytes | None:
         with self._lock:
             entry = self._entries.get(item_id)
@@ -127,17 +153,8 @@ class MemoryStore(QueueStore):
             if entry is None:
                 return None
             if entry.item.lease_owner != owner:
-                raise QueueError(ErrorCode.LEASE_LOST, f"The lease on item {item_id} is no longer held by {owner!r}; nothing was recorded.", item_id=item_id)
-            item = entry.item
-            entry.item = dataclasses.replace(
-                item,
-                recipients=result.apply_to(item.recipients),
-                next_attempt_at=result.next_attempt_at,
-                attempts=item.attempts + (1 if result.count_attempt else 0),
-                delay_notified=item.delay_notified if result.delay_notified is None else result.delay_notified,
-                lease_owner=None,
-                lease_expires_at=None,
-            )
+                raise self.lease_lost(item_id, owner)
+            entry.item = result.recorded_on(entry.item)
             if entry.item.is_finished:
                 self._drop(item_id)
             return self._copy(entry.item)

@@ -153,7 +153,7 @@ def test_each_rcpt_reply_is_kept(smtp_servers: Servers, transport: SMTPTransport
 
 
 def test_no_data_when_no_recipient_is_accepted(smtp_servers: Servers, transport: SMTPTransport):
-    server = smtp_servers(rcpt_replies={"bad@example.org": "550 5.1.1 No such user"})
+    server = smtp_servers(rcpt_replies={"bad@example.org": "550 5.1.1 No such user"}, pipelining=False)
     delivery = transport.deliver(envelope("bad@example.org"), route=MX, hosts=[mx(server)])
     assert only_reply(delivery)[:2] == (FAILED, 550)
     assert server.verbs() == ["EHLO", "MAIL", "RCPT", "RSET"]
@@ -162,7 +162,7 @@ def test_no_data_when_no_recipient_is_accepted(smtp_servers: Servers, transport:
 
 
 def test_452_too_many_recipients_continues_in_new_transactions(smtp_servers: Servers, transport: SMTPTransport):
-    server = smtp_servers(max_recipients=2)
+    server = smtp_servers(max_recipients=2, pipelining=False)
     recipients = [f"r{i}@example.org" for i in range(5)]
     delivery = transport.deliver(envelope(*recipients), route=MX, hosts=[mx(server)])
     assert statuses(delivery) == dict.fromkeys(recipients, DELIVERED)
@@ -175,7 +175,7 @@ def test_452_too_many_recipients_continues_in_new_transactions(smtp_servers: Ser
 
 
 def test_452_to_the_first_rcpt_of_a_transaction_defers_the_rest(smtp_servers: Servers, transport: SMTPTransport):
-    server = smtp_servers(rcpt_replies={"c@example.org": "452 4.5.3 Too many recipients"})
+    server = smtp_servers(rcpt_replies={"c@example.org": "452 4.5.3 Too many recipients"}, pipelining=False)
     delivery = transport.deliver(
         envelope("a@example.org", "b@example.org", "c@example.org", "d@example.org"), route=MX, hosts=[mx(server)]
     )
@@ -191,10 +191,67 @@ def test_452_to_the_first_rcpt_of_a_transaction_defers_the_rest(smtp_servers: Se
     ("reply", "status"), [("451 4.3.2 System not accepting messages", DEFERRED), ("553 5.7.1 Sender refused", FAILED)]
 )
 def test_a_mail_reply_decides_every_recipient(smtp_servers: Servers, transport: SMTPTransport, reply, status):
-    server = smtp_servers(mail_reply=reply)
+    server = smtp_servers(mail_reply=reply, pipelining=False)
     delivery = transport.deliver(envelope("a@example.org", "b@example.org"), route=MX, hosts=[mx(server)])
     assert only_reply(delivery) == (status, int(reply[:3]), reply[4:9], reply[4:])
     assert "RCPT" not in server.verbs()
+
+
+# -- pipelining (RFC 2920): MAIL, every RCPT and DATA in one write -----------------------
+
+
+def test_a_pipelining_server_gets_mail_rcpt_and_data_in_one_write(smtp_servers: Servers, transport: SMTPTransport):
+    server = smtp_servers(rcpt_replies={"bad@example.org": "550 5.1.1 No such user"})
+    delivery = transport.deliver(envelope("a@example.org", "bad@example.org", "b@example.org"), route=MX, hosts=[mx(server)])
+    assert statuses(delivery) == {"a@example.org": DELIVERED, "bad@example.org": FAILED, "b@example.org": DELIVERED}
+    assert delivery.outcomes["bad@example.org"].reply.code == 550
+    assert [m.rcpt_tos for m in server.messages] == [["a@example.org", "b@example.org"]]
+    assert server.verbs() == ["EHLO", "MAIL", "RCPT", "RCPT", "RCPT", "DATA"]
+
+
+def test_pipelined_data_is_refused_when_no_recipient_is_accepted(smtp_servers: Servers, transport: SMTPTransport):
+    server = smtp_servers(rcpt_replies={"bad@example.org": "550 5.1.1 No such user"})
+    delivery = transport.deliver(envelope("bad@example.org"), route=MX, hosts=[mx(server)])
+    assert only_reply(delivery)[:2] == (FAILED, 550)
+    assert server.messages == []
+    again = transport.deliver(envelope("a@example.org"), route=MX, hosts=[mx(server)])
+    assert only_reply(again)[0] is DELIVERED  # the refused DATA left the connection usable
+    assert server.connections == 1
+    assert server.verbs() == ["EHLO", "MAIL", "RCPT", "DATA", "RSET", "MAIL", "RCPT", "DATA"]
+
+
+def test_pipelined_452_leaves_each_refused_recipient_for_the_next_transaction(smtp_servers: Servers, transport: SMTPTransport):
+    server = smtp_servers(max_recipients=2)
+    recipients = [f"r{i}@example.org" for i in range(5)]
+    delivery = transport.deliver(envelope(*recipients), route=MX, hosts=[mx(server)])
+    assert statuses(delivery) == dict.fromkeys(recipients, DELIVERED)
+    assert [m.rcpt_tos for m in server.messages] == [recipients[:2], recipients[2:4], recipients[4:]]
+    assert server.connections == 1
+    assert server.verbs().count("RCPT") == 5 + 3 + 1  # each 452 asked again in the next transaction
+
+
+def test_pipelined_452_to_every_rcpt_of_a_transaction_defers_them(smtp_servers: Servers, transport: SMTPTransport):
+    server = smtp_servers(rcpt_replies={"c@example.org": "452 4.5.3 Too many recipients"})
+    delivery = transport.deliver(
+        envelope("a@example.org", "b@example.org", "c@example.org", "d@example.org"), route=MX, hosts=[mx(server)]
+    )
+    # d was accepted beside the 452 to c; c, alone in the next transaction, heard 452 again.
+    assert statuses(delivery) == {
+        "a@example.org": DELIVERED, "b@example.org": DELIVERED, "c@example.org": DEFERRED, "d@example.org": DELIVERED,
+    }  # fmt: skip
+    assert delivery.outcomes["c@example.org"].reply.code == 452
+    assert [m.rcpt_tos for m in server.messages] == [["a@example.org", "b@example.org", "d@example.org"]]
+    assert server.verbs().count("MAIL") == 2
+
+
+@pytest.mark.parametrize(
+    ("reply", "status"), [("451 4.3.2 System not accepting messages", DEFERRED), ("553 5.7.1 Sender refused", FAILED)]
+)
+def test_a_pipelined_mail_reply_decides_every_recipient(smtp_servers: Servers, transport: SMTPTransport, reply, status):
+    server = smtp_servers(mail_reply=reply)
+    delivery = transport.deliver(envelope("a@example.org", "b@example.org"), route=MX, hosts=[mx(server)])
+    assert only_reply(delivery) == (status, int(reply[:3]), reply[4:9], reply[4:])
+    assert server.messages == []
 
 
 @pytest.mark.parametrize(("reply", "status"), [("451 4.3.0 Later", DEFERRED), ("554 5.5.0 No DATA for you", FAILED)])
@@ -220,11 +277,14 @@ def test_the_reply_after_the_dot_decides_the_accepted_recipients(smtp_servers: S
     assert delivery.outcomes["later@example.org"].reply.code == 450
 
 
-def test_a_421_defers_what_is_undecided_and_drops_the_connection(smtp_servers: Servers, transport: SMTPTransport):
-    server = smtp_servers(rcpt_replies={"b@example.org": "421 4.3.2 Shutting down"})
+@pytest.mark.parametrize("pipelining", [False, True])
+def test_a_421_defers_what_is_undecided_and_drops_the_connection(smtp_servers: Servers, transport: SMTPTransport, pipelining):
+    server = smtp_servers(rcpt_replies={"b@example.org": "421 4.3.2 Shutting down"}, pipelining=pipelining)
     delivery = transport.deliver(envelope("a@example.org", "b@example.org", "c@example.org"), route=MX, hosts=[mx(server)])
     assert only_reply(delivery) == (DEFERRED, 421, "4.3.2", "4.3.2 Shutting down")
-    assert "DATA" not in server.verbs()
+    if not pipelining:
+        assert "DATA" not in server.verbs()
+    assert server.messages == []  # pipelined, DATA went out with the RCPTs, but no message followed
     assert transport.pooled_count() == 0
 
 
@@ -699,8 +759,10 @@ def test_close_idle_closes_only_what_idled_too_long(smtp_servers: Servers, trans
     assert "QUIT" not in fresh.verbs()
 
 
+@pytest.mark.parametrize("pipelining", [True, False])
 @pytest.mark.parametrize("knobs", [{"drop_at": "RSET"}, {"rset_reply": "421 4.4.2 Idle for too long"}])
-def test_a_pooled_connection_that_fails_rset_is_replaced_silently(smtp_server: SMTPTestServer, transport: SMTPTransport, knobs):
+def test_a_pooled_connection_that_fails_rset_is_replaced_silently(smtp_server: SMTPTestServer, transport: SMTPTransport, knobs, pipelining):
+    smtp_server.pipelining = pipelining
     transport.deliver(envelope(), route=MX, hosts=[mx(smtp_server)])
     for name, value in knobs.items():
         setattr(smtp_server, name, value)

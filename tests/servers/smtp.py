@@ -62,8 +62,9 @@ and ``auth_require_tls`` when a connection opens; ``implicit_tls`` at start):
     login; ``auth_require_tls=True`` offers AUTH only after STARTTLS.
 ``size_limit``
     The SIZE offered and enforced (10 MiB); ``None`` offers no SIZE.
-``smtputf8`` / ``eightbitmime``
-    Offer SMTPUTF8 / 8BITMIME (both ``True``).
+``smtputf8`` / ``eightbitmime`` / ``pipelining``
+    Offer SMTPUTF8 / 8BITMIME / PIPELINING (all ``True``: aiosmtpd reads pipelined
+    commands one after another, as RFC 2920 asks, though it does not say so).
 
 ``closed_port()`` returns a loopback port nothing listens on (a connection is
 refused); ``unanswered_port()``, a context manager, gives one whose connections are
@@ -135,6 +136,7 @@ class SMTPTestServer:
     size_limit: int | None = 10 * 1024 * 1024
     smtputf8: bool = True
     eightbitmime: bool = True
+    pipelining: bool = True
 
     host: str = dataclasses.field(default="127.0.0.1", init=False)
     port: int = dataclasses.field(default=0, init=False)
@@ -255,6 +257,8 @@ class _Handler:
             lines = [x for x in lines if x.upper() != "8BITMIME"]
         if self.script.auth is None:
             lines = [x for x in lines if not x.upper().startswith("AUTH")]
+        if self.script.pipelining:
+            lines.insert(1, "PIPELINING")
         return [f"250-{x}" for x in lines[:-1]] + [f"250 {lines[-1]}"]
 
     async def handle_HELO(self, server: _ScriptedSMTP, session: Any, envelope: Any, hostname: str) -> str:

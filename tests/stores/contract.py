@@ -15,6 +15,7 @@ import pytest
 from bumail_queue.errors import QueueError
 from bumail_queue.items import AttemptResult, Outcome, Reply
 from bumail_queue.items import RecipientStatus as S
+from bumail_queue.queries import ItemQuery, ItemState
 from tests.factories import NewItemFactory
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -63,6 +64,15 @@ class StoreContract:
         added = store.add(new(message=data))
         assert store.read_message(added.id) == data
         assert added.size == len(data)
+
+    def test_read_messages_returns_each_known_message_by_id(self, store):
+        first = store.add(new(message=b"first\r\n"))
+        second = store.add(new(message=bytes(range(256))))
+        gone = store.add(new())
+        store.cancel(gone.id)
+        found = store.read_messages([first.id, second.id, gone.id, "not-an-id", "bad\x00id"])
+        assert found == {first.id: b"first\r\n", second.id: bytes(range(256))}
+        assert store.read_messages([]) == {}
 
     def test_get_and_read_message_of_an_unknown_id_are_none(self, store):
         assert store.get("00000000-0000-4000-8000-000000000000") is None
@@ -257,6 +267,41 @@ class StoreContract:
         assert error.value.code == "INVALID"
         assert store.get(added.id).recipients[0].status == S.PENDING
 
+    def test_complete_many_records_each_as_complete_would(self, store):
+        finished = store.add(new(recipients=["a@example.org"]))
+        deferred = store.add(new(recipients=["b@example.org"]))
+        lost = store.add(new(recipients=["c@example.org"]))
+        cancelled = store.add(new(recipients=["d@example.org"]))
+        assert len(store.claim(owner="w1", now=T0, lease_until=T0 + LEASE, limit=4)) == 4
+        store.reschedule(lost.id, at=T0, owner="w1")
+        claim_one(store, "w2")  # w1 gave ``lost`` back and w2 took it
+        store.cancel(cancelled.id)
+        next_at = T0 + timedelta(minutes=15)
+        done = store.complete_many(
+            "w1",
+            [
+                (finished.id, result(next_at, **{"a@example.org": (S.DELIVERED, OK)})),
+                (deferred.id, result(next_at, **{"b@example.org": (S.DEFERRED, LATER)})),
+                (lost.id, result(next_at, **{"c@example.org": (S.DELIVERED, OK)})),
+                (cancelled.id, result(next_at, **{"d@example.org": (S.DELIVERED, OK)})),
+                ("not-an-id", result(next_at)),
+            ],
+        )
+        assert done[0].is_finished
+        assert store.get(finished.id) is None
+        assert store.read_message(finished.id) is None
+        assert done[1] == store.get(deferred.id)
+        assert (done[1].recipients[0].status, done[1].attempts, done[1].next_attempt_at) == (S.DEFERRED, 1, next_at)
+        assert done[1].lease_owner is None
+        assert isinstance(done[2], QueueError)
+        assert done[2].code == "LEASE_LOST"
+        assert store.get(lost.id).recipients[0].status == S.PENDING  # nothing recorded for w1
+        assert store.get(lost.id).lease_owner == "w2"
+        assert done[3:] == [None, None]
+
+    def test_complete_many_of_nothing_is_nothing(self, store):
+        assert store.complete_many("w1", []) == []
+
     # -- reschedule, cancel -----------------------------------------------------------
 
     def test_reschedule_by_the_owner_gives_the_item_back_without_an_attempt(self, store):
@@ -284,3 +329,104 @@ class StoreContract:
         assert store.get(added.id) is None
         assert store.read_message(added.id) is None
         assert store.cancel(added.id) is None
+
+    # -- reading for operators: search, message heads, summary, estimated count --------
+
+    def _three_states(self, store):
+        """An item queued, one deferred, one being delivered (at T0 + 1 minute)."""
+        delivering = store.add(new(recipients=["d@leased.example"]))
+        claim_one(store, "w1")  # lease until T0 + LEASE
+        deferred = store.add(new(recipients=["Late@Slow.Example"], sender="Billing@Shop.example"))
+        claim_one(store, "w2")
+        store.complete(deferred.id, owner="w2", result=result(T0 + timedelta(minutes=30), **{"Late@Slow.Example": (S.DEFERRED, LATER)}))
+        queued = store.add(new(recipients=["q@fast.example", "r@slow.example"], next_attempt_at=T0 + timedelta(minutes=5)))
+        return queued, deferred, delivering
+
+    def test_search_without_a_filter_is_the_list(self, store):
+        store.add_many([new(), new(next_attempt_at=T0 - timedelta(minutes=1)), new()])
+        now = T0 + timedelta(minutes=1)
+        assert store.search(ItemQuery(now=now)) == store.list()
+        assert store.search(ItemQuery(now=now), offset=1, limit=1) == store.list(offset=1, limit=1)
+
+    def test_search_by_state(self, store):
+        queued, deferred, delivering = self._three_states(store)
+        now = T0 + timedelta(minutes=1)
+        found = {state: [i.id for i in store.search(ItemQuery(now=now, state=state))] for state in ItemState}
+        assert found == {ItemState.QUEUED: [queued.id], ItemState.DEFERRED: [deferred.id], ItemState.DELIVERING: [delivering.id]}
+        # Once its lease has expired, an item is no longer being delivered.
+        later = T0 + LEASE + timedelta(seconds=1)
+        assert [i.id for i in store.search(ItemQuery(now=later, state=ItemState.QUEUED))] == [queued.id, delivering.id]
+
+    def test_search_by_recipient_domain_ignores_case_and_takes_whole_domains(self, store):
+        queued, deferred, _ = self._three_states(store)
+        store.add(new(recipients=["x@notslow.example"]))
+        now = T0 + timedelta(minutes=1)
+        assert [i.id for i in store.search(ItemQuery(now=now, domain="SLOW.example"))] == [queued.id, deferred.id]
+        assert [i.id for i in store.search(ItemQuery(now=now, domain="slow.example", state=ItemState.DEFERRED))] == [deferred.id]
+        assert store.search(ItemQuery(now=now, domain="example")) == []
+
+    def test_search_by_text_matches_id_sender_and_recipients(self, store):
+        queued, deferred, delivering = self._three_states(store)
+        now = T0 + timedelta(minutes=1)
+
+        def ids(text):
+            return {i.id for i in store.search(ItemQuery(now=now, text=text))}
+
+        assert ids(delivering.id) == {delivering.id}
+        assert ids(delivering.id.upper()) == {delivering.id}
+        assert ids("billing@shop") == {deferred.id}
+        assert ids("q@FAST") == {queued.id}
+        assert ids("@slow.example") == {queued.id, deferred.id}
+        assert ids("nobody-has-this") == set()
+        assert ids("100%_") == set()
+
+    def test_search_pages_count_matching_items_only(self, store):
+        matching = [store.add(new(recipients=[f"m{n}@match.example"])).id for n in range(5)]
+        store.add_many([new() for _ in range(5)])
+        now = T0
+        query = ItemQuery(now=now, domain="match.example")
+        assert [i.id for i in store.search(query, offset=0, limit=2)] == matching[:2]
+        assert [i.id for i in store.search(query, offset=2, limit=2)] == matching[2:4]
+        assert [i.id for i in store.search(query, offset=4, limit=2)] == matching[4:]
+
+    def test_read_message_heads_gives_the_start_of_each_message(self, store):
+        one = store.add(new(message=b"Subject: one\r\n\r\n" + b"x" * 100))
+        two = store.add(new(message=b"Subject: two\r\n\r\nshort"))
+        heads = store.read_message_heads([one.id, two.id, "00000000-0000-4000-8000-000000000000", "not-an-id"], size=16)
+        assert heads == {one.id: b"Subject: one\r\n\r\n", two.id: b"Subject: two\r\n\r\n"}
+        assert store.read_message_heads([]) == {}
+
+    def test_summary_counts_states_and_draws_the_shape(self, store):
+        self._three_states(store)
+        old = store.add(new(recipients=["o@slow.example"], created_at=T0 - timedelta(hours=30)))
+        now = T0 + timedelta(minutes=1)
+        summary = store.summary(now=now)
+        assert summary.total == 4
+        assert dict(summary.by_state) == {ItemState.QUEUED: 2, ItemState.DEFERRED: 1, ItemState.DELIVERING: 1}
+        assert summary.oldest_created_at == old.created_at
+        assert summary.due == 1  # the old one; ``queued`` is due at T0 + 5 minutes
+        assert summary.pending_recipients == 5
+        shape = {d.domain: d.buckets for d in summary.shape}
+        assert shape == {
+            "slow.example": (2, 0, 0, 0, 0, 0, 0, 0, 0, 1),
+            "fast.example": (1, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+            "leased.example": (1, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+        }
+        assert summary.shape[0].domain == "slow.example"  # the most pending first
+        assert store.summary(now=now, age_buckets=[timedelta(minutes=2)]).shape[0].buckets == (2, 1)
+
+    def test_summary_leaves_final_recipients_out(self, store):
+        added = store.add(new(recipients=["a@one.example", "b@two.example"]))
+        claim_one(store)
+        store.complete(added.id, owner="w1", result=result(T0, **{"a@one.example": (S.DELIVERED, OK), "b@two.example": (S.DEFERRED, LATER)}))
+        summary = store.summary(now=T0)
+        assert [(d.domain, d.total) for d in summary.shape] == [("two.example", 1)]
+        assert summary.pending_recipients == 1
+
+    def test_summary_of_an_empty_queue(self, store):
+        summary = store.summary(now=T0)
+        assert (summary.total, summary.oldest_created_at, summary.shape, summary.due) == (0, None, (), 0)
+
+    def test_estimated_count_of_a_small_queue_is_exact(self, store):
+        store.add_many([new(), new(), new()])
+        assert store.estimated_count() == 3

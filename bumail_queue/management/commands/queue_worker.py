@@ -13,17 +13,8 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from bumail_queue.conf import get_settings
+from bumail_queue.management.arguments import positive_int
 from bumail_queue.worker import Worker
-
-
-def positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be 1 or more")
-    return number
 
 
 def owner_name(value: str) -> str:
@@ -51,6 +42,9 @@ def stop_on_signals(worker: Worker) -> Iterator[None]:
 
 class Command(BaseCommand):
     help = "Deliver queued mail: claim what is due, send it over SMTP, record each recipient's outcome."
+    # The queue's own checks only: a worker (and each --burst run from cron) starts
+    # in a fraction of the time the whole project's take; deploys run those anyway.
+    requires_system_checks = ("bumail_queue",)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--concurrency", type=positive_int, help="SMTP sessions in flight (default: CONCURRENCY)")

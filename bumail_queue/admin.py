@@ -1,0 +1,531 @@
+"""The admin: the queue's items (list, item page, retry, cancel), its overview, the log.
+
+The item pages read the queue through the queue service and its store, never through
+the ``Item`` model, so they are the same pages whatever store keeps the queue (the
+ORM, Redis, a store of your own); ``Item`` is registered for its URLs and its
+permissions only. Items change only through ``queue.retry_now`` and ``queue.cancel``,
+which respect the workers' leases.
+
+Permissions, checked on the server for every request: the model's *view* permission
+for the pages and the ``.eml`` download, *change* to retry, *delete* to cancel. No
+page shows a setting's value, so no password or AUTH string can appear on one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import urlencode
+
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db import connections
+from django.db.models import Count, QuerySet
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    HttpResponseRedirect,
+)
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.timesince import timesince, timeuntil
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy, ngettext
+
+from . import delivery_log
+from .conf import get_settings
+from .items import QueueItem, Recipient, RecipientStatus
+from .models import DeliveryLog, Item
+from .preview import HeadSummary, preview, srcdoc_for, summarize_head
+from .queries import ItemState, QueueSummary, bucket_labels, state_of
+from .service import queue
+from .stores import orm_queries
+
+#: The Content-Security-Policy of every queue page: scripts from this site only, nothing
+#: framed from elsewhere. Inline styles are allowed because a message preview's frame
+#: inherits this policy, and mail is styled inline; the frame adds its own, stricter one.
+PAGE_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "frame-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'self'"
+)
+#: Bytes of each message the list reads to show its subject.
+HEAD_BYTES = 2048
+#: Recipients the list shows per item; the rest are counted.
+LIST_RECIPIENTS = 3
+
+if TYPE_CHECKING:  # ModelAdmin is generic for django-stubs only
+    _ItemAdminBase = admin.ModelAdmin[Item]
+    _LogAdminBase = admin.ModelAdmin[DeliveryLog]
+else:
+    _ItemAdminBase = _LogAdminBase = admin.ModelAdmin
+
+RETRY = "retry_now"
+CANCEL = "cancel"
+
+
+def _secure(response: HttpResponseBase) -> HttpResponseBase:
+    response["Content-Security-Policy"] = PAGE_CSP
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Referrer-Policy"] = "same-origin"
+    return response
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RecipientRow:
+    """A recipient as the pages show it: its state, its last reply and where from."""
+
+    address: str
+    status: RecipientStatus
+    reply: str
+    remote_host: str = ""
+
+    @property
+    def reply_code(self) -> str:
+        """Return the reply's codes alone (``451 4.7.1``), for the list's narrow column."""
+        return " ".join(part for part in self.reply.split()[:2] if any(ch.isdigit() for ch in part))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ItemRow:
+    """An item as the list shows it."""
+
+    item: QueueItem
+    state: ItemState
+    head: HeadSummary | None
+    recipients: list[RecipientRow]
+    more_recipients: int
+    age: timedelta
+    due_in: timedelta
+
+    @property
+    def age_text(self) -> str:
+        return timesince(self.item.created_at, self.item.created_at + self.age, depth=1)
+
+    @property
+    def due_text(self) -> str:
+        now = self.item.next_attempt_at - self.due_in
+        return timeuntil(self.item.next_attempt_at, now, depth=1)
+
+
+def _reply_line(recipient: Recipient) -> str:
+    reply = recipient.reply
+    if reply is None:
+        return ""
+    text = reply.text if reply.text.startswith(reply.status) else f"{reply.status} {reply.text}"
+    return text if reply.code is None else f"{reply.code} {text}"
+
+
+def _recipient_rows(recipients: Sequence[Recipient], hosts: dict[str, str] | None = None) -> list[RecipientRow]:
+    hosts = hosts or {}
+    return [
+        RecipientRow(address=r.address, status=r.status, reply=_reply_line(r), remote_host=hosts.get(r.address, ""))
+        for r in recipients
+    ]
+
+
+def _ids_from(request: HttpRequest) -> list[str]:
+    # Ids no item can have are dropped here: they would only be "no longer queued".
+    ids = []
+    for value in request.POST.getlist(ACTION_CHECKBOX_NAME):
+        try:
+            ids.append(str(uuid.UUID(value)))
+        except ValueError:
+            continue
+    return list(dict.fromkeys(ids))
+
+
+class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
+    """A paginator that never counts a large PostgreSQL table row by row.
+
+    With no filter, the count is the planner's estimate (``pg_class.reltuples``) once
+    that is above 100,000; a filtered list is counted, as it should be small.
+    """
+
+    @cached_property
+    def count(self) -> int:
+        object_list = self.object_list
+        if isinstance(object_list, QuerySet) and not object_list.query.where:
+            connection = connections[object_list.db]
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)",
+                        [object_list.model._meta.db_table],
+                    )
+                    row = cursor.fetchone()
+                if row is not None and row[0] is not None and row[0] >= orm_queries.EXACT_COUNT_BELOW:
+                    return int(row[0])
+        return super().count
+
+
+@admin.register(Item)
+class ItemAdmin(_ItemAdminBase):
+    """The queue's pages, read through the queue service (any store)."""
+
+    list_per_page = 100
+
+    # -- permissions --------------------------------------------------------------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # mail is queued by sending it, never typed in here
+
+    def _require(self, allowed: Callable[[HttpRequest], bool], request: HttpRequest) -> None:
+        if not allowed(request):
+            raise PermissionDenied
+
+    # -- URLs ---------------------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
+
+        def wrap(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
+            # admin_view: active staff only, CSRF-protected, never cached.
+            return self.admin_site.admin_view(lambda *args, **kwargs: _secure(view(*args, **kwargs)))
+
+        return [
+            path("", wrap(self.changelist_view), name=f"{prefix}_changelist"),
+            path("overview/", wrap(self.overview_view), name=f"{prefix}_overview"),
+            path("<str:object_id>/change/", wrap(self.change_view), name=f"{prefix}_change"),
+            path("<str:object_id>/message.eml", wrap(self.eml_view), name=f"{prefix}_eml"),
+            path("<str:object_id>/", wrap(self.item_redirect), name=f"{prefix}_item"),
+        ]
+
+    def _url(self, name: str, *args: Any) -> str:
+        return reverse(f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_{name}", args=args)
+
+    def _log_url(self) -> str | None:
+        try:
+            return reverse(f"{self.admin_site.name}:bumail_queue_deliverylog_changelist")
+        except NoReverseMatch:  # a site of your own that leaves the log out
+            return None
+
+    def item_redirect(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return HttpResponseRedirect(self._url("change", object_id))
+
+    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+        return {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "opts": self.opts,
+            "app_label": self.opts.app_label,
+            "has_view_permission": self.has_view_permission(request),
+            "can_retry": self.has_change_permission(request),
+            "can_cancel": self.has_delete_permission(request),
+            "changelist_url": self._url("changelist"),
+            "overview_url": self._url("overview"),
+            "log_url": self._log_url(),
+            "can_view_log": request.user.has_perm("bumail_queue.view_deliverylog") and self._log_url() is not None,
+            **extra,
+        }
+
+    # -- the list -----------------------------------------------------------------------
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        self._require(self.has_view_permission, request)
+        if request.method == "POST":
+            return self._run_action(request)
+        now = timezone.now()
+        state_value = request.GET.get("state") or None
+        state = state_value if state_value in set(ItemState) else None
+        domain = (request.GET.get("domain") or "").strip()[:255]
+        text = (request.GET.get("q") or "").strip()[:320]
+        try:
+            page = max(1, int(request.GET.get("p", "1")))
+        except ValueError:
+            page = 1
+        per_page = self.list_per_page
+        # One item more than the page: whether there is a next page, without a count.
+        found = queue.search(state=state, domain=domain or None, text=text or None, offset=(page - 1) * per_page, limit=per_page + 1)
+        items, has_next = found[:per_page], len(found) > per_page
+        heads = queue.store.read_message_heads([item.id for item in items], size=HEAD_BYTES)
+        rows = [self._row(item, heads.get(item.id), now) for item in items]
+        filtered = bool(state or domain or text)
+        total = None if filtered else queue.store.estimated_count()
+        params = {key: value for key, value in (("state", state or ""), ("domain", domain), ("q", text)) if value}
+
+        def link(**changes: Any) -> str:
+            merged = {**params, **changes}
+            return "?" + urlencode({k: v for k, v in merged.items() if v not in (None, "", 1)})
+
+        context = self._context(
+            request,
+            _("Queued mail"),
+            rows=rows,
+            page=page,
+            previous_url=link(p=page - 1) if page > 1 else None,
+            next_url=link(p=page + 1) if has_next else None,
+            total=total,
+            # Above this, the ORM store on PostgreSQL gives the planner's estimate.
+            total_is_estimate=total is not None and total >= orm_queries.EXACT_COUNT_BELOW,
+            filtered=filtered,
+            query=text,
+            domain=domain,
+            params=params,
+            state_choices=[(None, _("All"), link(state=None, p=1), state is None)]
+            + [(s.value, s.label, link(state=s.value, p=1), state == s.value) for s in ItemState],
+            clear_url=link(state=None, domain=None, q=None, p=1) if filtered else None,
+            actions=[(RETRY, _("Retry now"))] * self.has_change_permission(request)
+            + [(CANCEL, _("Cancel…"))] * self.has_delete_permission(request),
+            media=self.media,
+            return_to=request.get_full_path(),
+            **(extra_context or {}),
+        )
+        return TemplateResponse(request, "admin/bumail_queue/item/change_list.html", context)
+
+    def _row(self, item: QueueItem, head: bytes | None, now: datetime) -> ItemRow:
+        return ItemRow(
+            item=item,
+            state=state_of(item, now),
+            head=None if head is None else summarize_head(head),
+            recipients=_recipient_rows(item.recipients[:LIST_RECIPIENTS]),
+            more_recipients=max(0, len(item.recipients) - LIST_RECIPIENTS),
+            age=now - item.created_at,
+            due_in=item.next_attempt_at - now,
+        )
+
+    # -- the actions --------------------------------------------------------------------
+
+    def _run_action(self, request: HttpRequest) -> HttpResponse:
+        action = request.POST.get("action", "")
+        ids = _ids_from(request)
+        back = request.POST.get("next") or ""
+        if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+            back = ""
+        if action == RETRY:
+            self._require(self.has_change_permission, request)
+        elif action == CANCEL:
+            self._require(self.has_delete_permission, request)
+        else:
+            self.message_user(request, _("Choose an action."), messages.WARNING)
+            return HttpResponseRedirect(back or self._url("changelist"))
+        if not ids:
+            self.message_user(request, _("Select the items to act on first."), messages.WARNING)
+            return HttpResponseRedirect(back or self._url("changelist"))
+        if action == RETRY:
+            self._retry(request, ids)
+            return HttpResponseRedirect(back or self._url("changelist"))
+        if request.POST.get("confirm") != "yes":
+            return self._confirm_cancel(request, ids, back)
+        self._cancel(request, ids)
+        # Back to the list (with its filters), not to the page of an item now gone.
+        list_url = self._url("changelist")
+        return HttpResponseRedirect(back if back.split("?")[0] == list_url else list_url)
+
+    def _retry(self, request: HttpRequest, ids: list[str]) -> None:
+        now = timezone.now()
+        retried = gone = busy = 0
+        for item_id in ids:
+            item = queue.get(item_id)
+            if item is None:
+                gone += 1
+            elif item.is_leased_at(now):
+                busy += 1  # its worker is delivering it now; retrying would change nothing
+            elif queue.retry_now(item_id):
+                retried += 1
+            else:
+                gone += 1
+        parts = [ngettext("%d item retried", "%d items retried", retried) % retried]
+        if gone:
+            parts.append(ngettext("%d was no longer queued", "%d were no longer queued", gone) % gone)
+        if busy:
+            parts.append(ngettext("%d was being delivered, left alone", "%d were being delivered, left alone", busy) % busy)
+        self.message_user(request, "; ".join(parts) + ".", messages.SUCCESS if retried else messages.WARNING)
+
+    def _cancel(self, request: HttpRequest, ids: list[str]) -> None:
+        cancelled = gone = 0
+        for item_id in ids:
+            if queue.cancel(item_id) is None:
+                gone += 1
+            else:
+                cancelled += 1
+        parts = [ngettext("%d item cancelled", "%d items cancelled", cancelled) % cancelled]
+        if gone:
+            parts.append(ngettext("%d was no longer queued", "%d were no longer queued", gone) % gone)
+        self.message_user(request, "; ".join(parts) + ".", messages.SUCCESS if cancelled else messages.WARNING)
+
+    def _confirm_cancel(self, request: HttpRequest, ids: list[str], back: str) -> HttpResponse:
+        now = timezone.now()
+        items = [item for item in map(queue.get, ids) if item is not None]
+        heads = queue.store.read_message_heads([item.id for item in items], size=HEAD_BYTES)
+        rows = [self._row(item, heads.get(item.id), now) for item in items]
+        context = self._context(
+            request,
+            _("Cancel these items?"),
+            rows=rows,
+            gone=len(ids) - len(items),
+            delivering=sum(row.state == ItemState.DELIVERING for row in rows),
+            action=CANCEL,
+            next=back,
+        )
+        return TemplateResponse(request, "admin/bumail_queue/item/cancel_confirmation.html", context)
+
+    # -- the item page ------------------------------------------------------------------
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        self._require(self.has_view_permission, request)
+        try:
+            item_id = str(uuid.UUID(object_id))
+        except ValueError:
+            raise Http404(_("No queued item has this id.")) from None
+        item = queue.get(item_id)
+        history = list(delivery_log.history(item_id))
+        if item is None and not history:
+            raise Http404(_("No queued item has this id, and the delivery log has nothing about it."))
+        now = timezone.now()
+        data = None if item is None else queue.read_message(item_id)
+        shown = None if data is None else preview(data)
+        hosts = {entry.recipient: entry.remote_host for entry in history if entry.remote_host}
+        context = self._context(
+            request,
+            shown.subject if shown is not None and shown.subject else _("Queued item %s") % item_id,
+            item=item,
+            item_id=item_id,
+            state=None if item is None else state_of(item, now),
+            now=now,
+            recipients=[] if item is None else _recipient_rows(item.recipients, hosts),
+            preview=shown,
+            srcdoc=None if shown is None or shown.html is None else srcdoc_for(shown.html),
+            message_missing=item is not None and data is None,
+            history=history,
+            eml_url=self._url("eml", item_id),
+            return_to=request.get_full_path(),
+            **(extra_context or {}),
+        )
+        return TemplateResponse(request, "admin/bumail_queue/item/change_form.html", context)
+
+    def eml_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        self._require(self.has_view_permission, request)
+        try:
+            item_id = str(uuid.UUID(object_id))
+        except ValueError:
+            raise Http404 from None
+        data = queue.read_message(item_id)
+        if data is None:
+            raise Http404(_("This item's message is no longer in the queue."))
+        response = HttpResponse(data, content_type="message/rfc822")
+        response["Content-Disposition"] = f'attachment; filename="{item_id}.eml"'
+        return response
+
+    # -- the overview -------------------------------------------------------------------
+
+    def overview_view(self, request: HttpRequest) -> HttpResponse:
+        self._require(self.has_view_permission, request)
+        summary = queue.summary()
+        context = self._context(request, _("Mail queue overview"), **overview_context(summary, self._url("changelist")))
+        if request.user.has_perm("bumail_queue.view_deliverylog") and get_settings().delivery_log:
+            since = summary.now - timedelta(hours=24)
+            counted = (
+                DeliveryLog.objects.using(get_settings().database)
+                .filter(logged_at__gte=since)
+                .values("status")
+                .annotate(n=Count("id"))
+            )
+            by_status = {row["status"]: row["n"] for row in counted}
+            context["last_day"] = [(label, by_status.get(value, 0), value) for value, label in DeliveryLog.Status.choices]
+        return TemplateResponse(request, "admin/bumail_queue/item/overview.html", context)
+
+
+def overview_context(summary: QueueSummary, list_url: str, *, top: int = 20) -> dict[str, Any]:
+    """Return what the overview page draws: the state bar and the shape's rows."""
+    total = summary.total or 1
+    states = []
+    offset = 0.0
+    for state in ItemState:
+        count = summary.by_state.get(state, 0)
+        width = 100.0 * count / total
+        states.append({"state": state, "count": count, "x": round(offset, 3), "width": round(width, 3), "url": f"{list_url}?state={state.value}"})
+        offset += width
+    shape = summary.shape[:top]
+    widest = max((d.total for d in shape), default=0) or 1
+    buckets_max = max((n for d in shape for n in d.buckets), default=0) or 1
+    rows = [
+        {
+            "domain": d.domain,
+            "total": d.total,
+            "bar": round(100.0 * d.total / widest, 3),
+            # The heat of each cell: 0 (none) to 5 (the busiest cell of the table).
+            "cells": [(n, 0 if n == 0 else 1 + min(4, int(4 * n / buckets_max))) for n in d.buckets],
+            "url": f"{list_url}?{urlencode({'domain': d.domain})}",
+        }
+        for d in shape
+    ]
+    return {
+        "summary": summary,
+        "states": states,
+        "bucket_labels": bucket_labels(summary.age_buckets),
+        "bucket_totals": summary.bucket_totals,
+        "shape_rows": rows,
+        "shape_left_out": len(summary.shape) - len(shape),
+        "oldest_age": None if summary.oldest_created_at is None else timesince(summary.oldest_created_at, summary.now, depth=1),
+    }
+
+
+# -- the delivery log ---------------------------------------------------------------------
+
+
+@admin.register(DeliveryLog)
+class DeliveryLogAdmin(_LogAdminBase):
+    """The delivery log, read-only: entries are written by the worker, deleted by age."""
+
+    list_display = ("logged_at", "recipient", "status_badge", "reply", "remote_host", "item")
+    list_filter = ("status",)
+    search_fields = ("recipient", "sender")
+    search_help_text = gettext_lazy("An address (or part of one), or an item id.")
+    ordering = ("-logged_at", "-id")
+    list_per_page = 100
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # counts per status would scan a large log
+    paginator = EstimatedCountPaginator
+    readonly_fields = (
+        "logged_at", "item_id", "recipient", "domain", "sender", "status", "reply_code", "reply_status",
+        "reply_text", "remote_host", "next_attempt_at",
+    )  # fmt: skip
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[DeliveryLog]:
+        return super().get_queryset(request).using(get_settings().database)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: DeliveryLog | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: DeliveryLog | None = None) -> bool:
+        return False  # manage.py queue_purge deletes by age
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[DeliveryLog], search_term: str
+    ) -> tuple[QuerySet[DeliveryLog], bool]:
+        try:
+            return queryset.filter(item_id=uuid.UUID(search_term.strip())), False
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)
+
+    @admin.display(description=gettext_lazy("status"), ordering="status")
+    def status_badge(self, entry: DeliveryLog) -> str:
+        return format_html('<span class="bq-status bq-{}">{}</span>', entry.status, entry.get_status_display())
+
+    @admin.display(description=gettext_lazy("reply"))
+    def reply(self, entry: DeliveryLog) -> str:
+        return entry.reply_line
+
+    @admin.display(description=gettext_lazy("item"))
+    def item(self, entry: DeliveryLog) -> str:
+        url = reverse(f"{self.admin_site.name}:bumail_queue_item_change", args=[entry.item_id])
+        return format_html('<a href="{}">{}</a>', url, str(entry.item_id)[:8])
+
+    class Media:
+        css: ClassVar[dict[str, tuple[str, ...]]] = {"all": ("bumail_queue/admin.css",)}

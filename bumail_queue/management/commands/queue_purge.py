@@ -1,0 +1,40 @@
+"""``manage.py queue_purge``: delete old delivery log entries, in batches."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+from django.utils.timesince import timesince
+
+from bumail_queue import delivery_log
+from bumail_queue.conf import get_settings
+from bumail_queue.management.arguments import duration, positive_int
+from bumail_queue.models import DeliveryLog
+
+
+class Command(BaseCommand):
+    help = "Delete delivery log entries older than --older-than (default: DELIVERY_LOG_RETENTION), in batches."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--older-than", type=duration, help="e.g. 30d, 12h, 2w (default: DELIVERY_LOG_RETENTION)")
+        parser.add_argument("--batch-size", type=positive_int, default=delivery_log.PURGE_BATCH_SIZE, help="rows deleted per statement (default: %(default)s)")
+        parser.add_argument("--dry-run", action="store_true", help="count what would be deleted; delete nothing")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        settings = get_settings()
+        older_than: timedelta | None = options["older_than"] or settings.delivery_log_retention
+        if older_than is None:
+            raise CommandError("DELIVERY_LOG_RETENTION is None (keep forever): give --older-than to purge.")
+        now = timezone.now()
+        cutoff = now - older_than
+        age = timesince(cutoff, now, depth=2)
+        if options["dry_run"]:
+            count = DeliveryLog.objects.using(settings.database).filter(logged_at__lt=cutoff).count()
+            self.stdout.write(f"Would delete {count} delivery log entr{'y' if count == 1 else 'ies'} older than {age} (before {cutoff:%Y-%m-%d %H:%M:%S %Z}).")
+            return
+        deleted = delivery_log.purge(older_than=older_than, now=now, batch_size=options["batch_size"])
+        self.stdout.write(f"Deleted {deleted} delivery log entr{'y' if deleted == 1 else 'ies'} older than {age} (before {cutoff:%Y-%m-%d %H:%M:%S %Z}).")

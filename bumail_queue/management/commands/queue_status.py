@@ -1,0 +1,57 @@
+"""``manage.py queue_status``: what is queued, as ``mailq`` and Postfix's ``qshape`` say it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand
+from django.utils.timesince import timesince
+
+from bumail_queue.management.arguments import positive_int
+from bumail_queue.queries import ItemState, QueueSummary, bucket_labels
+from bumail_queue.service import queue
+
+
+class Command(BaseCommand):
+    help = "Show the queue: counts by state, the oldest item, pending recipients by domain and age."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--json", action="store_true", help="print one JSON object, for scripts")
+        parser.add_argument("--top", type=positive_int, default=10, help="domains shown, the most pending first (default: 10)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        summary = queue.summary()
+        if options["json"]:
+            self.stdout.write(json.dumps(summary.to_dict(top=options["top"]), indent=2))
+            return
+        self.stdout.write("\n".join(render(summary, top=options["top"])))
+
+
+def render(summary: QueueSummary, *, top: int) -> list[str]:
+    """Return the text report, line by line."""
+    states = ", ".join(f"{summary.by_state.get(state, 0)} {state.label.lower()}" for state in ItemState)
+    lines = [f"{summary.total} item{'s' if summary.total != 1 else ''} queued: {states}; {summary.due} due now."]
+    if summary.oldest_created_at is None:
+        lines.append("The queue is empty.")
+        return lines
+    lines.append(
+        f"Oldest: queued {timesince(summary.oldest_created_at, summary.now, depth=2)} ago "
+        f"({summary.oldest_created_at:%Y-%m-%d %H:%M:%S %Z})."
+    )
+    lines.append(f"{summary.pending_recipients} recipient{'s' if summary.pending_recipients != 1 else ''} pending, by destination domain and age (minutes):")
+    lines.append("")
+    labels = ["total", *bucket_labels(summary.age_buckets)]
+    shown = summary.shape[:top]
+    rows = [("all domains", [summary.pending_recipients, *summary.bucket_totals])]
+    rows += [(d.domain or "(none)", [d.total, *d.buckets]) for d in shown]
+    name_width = max(len(name) for name, _ in rows)
+    widths = [max(len(label), *(len(str(values[i])) for _, values in rows)) for i, label in enumerate(labels)]
+    lines.append(" ".join([" " * name_width, *(label.rjust(w) for label, w in zip(labels, widths, strict=True))]))
+    for name, values in rows:
+        lines.append(" ".join([name.rjust(name_width), *(str(v).rjust(w) for v, w in zip(values, widths, strict=True))]))
+    left_out = len(summary.shape) - len(shown)
+    if left_out:
+        lines.append(f"({left_out} more domain{'s' if left_out != 1 else ''}; --top to show more)")
+    return lines

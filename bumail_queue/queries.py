@@ -1,0 +1,241 @@
+"""What an operator asks of the queue: a filtered listing, and a summary of its shape.
+
+The admin and ``manage.py queue_status`` ask every store the same questions through
+``QueueStore.search`` and ``QueueStore.summary``; the values here are what they
+exchange. The functions are the plain-Python answers, which a store without a faster
+way (the memory store, a store of your own) uses as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import itertools
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from .items import QueueItem
+
+#: The age buckets of the queue's shape, as Postfix's ``qshape`` draws them: an item
+#: younger than the first bound is in the first bucket, one older than the last in
+#: the last ("1280+ minutes").
+AGE_BUCKETS: tuple[timedelta, ...] = tuple(timedelta(minutes=m) for m in (5, 10, 20, 40, 80, 160, 320, 640, 1280))
+
+
+class ItemState(enum.StrEnum):
+    """Where an item stands as a whole, at a given time."""
+
+    QUEUED = "queued"
+    """Not tried yet: waiting for its first attempt (due now, or scheduled for later)."""
+    DEFERRED = "deferred"
+    """Tried at least once; waiting for its next attempt."""
+    DELIVERING = "delivering"
+    """A worker holds its lease: an attempt is under way."""
+
+    @property
+    def label(self) -> str:
+        return {"queued": "Queued", "deferred": "Deferred", "delivering": "Being delivered"}[self.value]
+
+
+def state_of(item: QueueItem, now: datetime) -> ItemState:
+    """Return the state of ``item`` at ``now``."""
+    if item.is_leased_at(now):
+        return ItemState.DELIVERING
+    return ItemState.DEFERRED if item.attempts > 0 else ItemState.QUEUED
+
+
+def domain_of(address: str) -> str:
+    """Return the domain of an address, lowercased (everything after its last ``@``)."""
+    return address.rpartition("@")[2].rstrip(".").lower()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ItemQuery:
+    """What to list: every field left ``None`` matches every item.
+
+    ``text`` matches an item whose sender or one of whose recipients' addresses
+    contains ``text``, ignoring case; a ``text`` that is an item id (a UUID) matches
+    that item only, so that a store can find it by its key. A store may match more:
+    the ORM and memory stores also look in the message's header block (its subject,
+    its ``Message-ID``). ``domain`` matches an item with a recipient at that domain
+    (exactly, ignoring case). ``state`` is judged at ``now``.
+    """
+
+    now: datetime
+    state: ItemState | None = None
+    domain: str | None = None
+    text: str | None = None
+
+    def __post_init__(self) -> None:
+        # Blank input is no filter; a domain is compared without case or trailing dot.
+        text = (self.text or "").strip() or None
+        domain = domain_of("@" + self.domain.strip()) if self.domain and self.domain.strip() else None
+        object.__setattr__(self, "text", text)
+        object.__setattr__(self, "domain", domain or None)
+
+    @property
+    def is_everything(self) -> bool:
+        """Return whether the query filters nothing out."""
+        return self.state is None and self.domain is None and self.text is None
+
+    def matches(self, item: QueueItem, *, text: bool = True) -> bool:
+        """Return whether ``item`` matches on the fields every store must look at.
+
+        With ``text=False``, ``text`` is left out: for a store that looks for it
+        elsewhere too (in the message's headers).
+        """
+        if self.state is not None and state_of(item, self.now) != self.state:
+            return False
+        if self.domain is not None and not any(domain_of(r.address) == self.domain for r in item.recipients):
+            return False
+        if self.item_id is not None:
+            return item.id == self.item_id
+        if text and self.text is not None:
+            needle = self.text.casefold()
+            if needle not in item.sender.casefold() and not any(needle in r.address.casefold() for r in item.recipients):
+                return False
+        return True
+
+    @property
+    def item_id(self) -> str | None:
+        """Return the item id ``text`` is, in its canonical form, or ``None``."""
+        if self.text is None:
+            return None
+        try:
+            return str(uuid.UUID(self.text))
+        except ValueError:
+            return None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class DomainShape:
+    """The pending recipients of one destination domain, by age bucket (``AGE_BUCKETS``)."""
+
+    domain: str
+    buckets: tuple[int, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(self.buckets)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class QueueSummary:
+    """Counts by state, the oldest item, and the queue's shape at ``now``.
+
+    ``shape`` has one entry per destination domain with a recipient not final yet
+    (pending or deferred), the most such recipients first; each counts them by the
+    age of their item, in the buckets ``age_buckets`` bound (one more bucket than
+    bounds: the last holds everything older than the last bound).
+    """
+
+    now: datetime
+    total: int
+    by_state: Mapping[ItemState, int]
+    oldest_created_at: datetime | None
+    due: int
+    pending_recipients: int
+    age_buckets: tuple[timedelta, ...]
+    shape: tuple[DomainShape, ...]
+
+    @property
+    def bucket_totals(self) -> tuple[int, ...]:
+        """Return the pending recipients of every domain, by age bucket."""
+        return tuple(sum(d.buckets[i] for d in self.shape) for i in range(len(self.age_buckets) + 1))
+
+    def to_dict(self, *, top: int | None = None) -> dict[str, Any]:
+        """Return the summary as JSON-ready values (``queue_status --json``)."""
+        shape = self.shape if top is None else self.shape[:top]
+        return {
+            "now": self.now.isoformat(),
+            "total": self.total,
+            "by_state": {state.value: self.by_state.get(state, 0) for state in ItemState},
+            "due": self.due,
+            "oldest_created_at": None if self.oldest_created_at is None else self.oldest_created_at.isoformat(),
+            "pending_recipients": self.pending_recipients,
+            "age_buckets": bucket_labels(self.age_buckets),
+            "bucket_totals": list(self.bucket_totals),
+            "domains": [{"domain": d.domain, "total": d.total, "buckets": list(d.buckets)} for d in shape],
+            "domains_left_out": len(self.shape) - len(shape),
+        }
+
+
+def bucket_index(age: timedelta, bounds: Sequence[timedelta]) -> int:
+    """Return the bucket of an item of age ``age``: the first bound it is younger than."""
+    for index, bound in enumerate(bounds):
+        if age < bound:
+            return index
+    return len(bounds)
+
+
+def bucket_labels(bounds: Sequence[timedelta]) -> list[str]:
+    """Return a label per bucket, in minutes: ``"<5m"``, ``"5-10m"``, ..., ``"1280m+"``."""
+    if not bounds:
+        return ["all"]
+    minutes = [_minutes(b) for b in bounds]
+    return [f"<{minutes[0]}m", *(f"{low}-{high}m" for low, high in itertools.pairwise(minutes)), f"{minutes[-1]}m+"]
+
+
+def _minutes(span: timedelta) -> str:
+    value = span.total_seconds() / 60
+    return f"{value:g}"
+
+
+def shape_from_counts(counts: Mapping[tuple[str, int], int], buckets: int) -> tuple[DomainShape, ...]:
+    """Return the shape from pending recipients counted by (domain, bucket index)."""
+    by_domain: dict[str, list[int]] = {}
+    for (domain, index), count in counts.items():
+        row = by_domain.setdefault(domain_of("@" + (domain or "")), [0] * buckets)
+        row[min(index, buckets - 1)] += count
+    shapes = [DomainShape(domain=domain, buckets=tuple(row)) for domain, row in by_domain.items()]
+    shapes.sort(key=lambda d: (-d.total, d.domain))
+    return tuple(shapes)
+
+
+def summarize(items: Iterable[QueueItem], *, now: datetime, age_buckets: Sequence[timedelta] = AGE_BUCKETS) -> QueueSummary:
+    """Return the summary of ``items`` (the whole queue) at ``now``, in plain Python."""
+    bounds = tuple(age_buckets)
+    by_state = dict.fromkeys(ItemState, 0)
+    counts: dict[tuple[str, int], int] = {}
+    total = due = pending = 0
+    oldest: datetime | None = None
+    for item in items:
+        total += 1
+        state = state_of(item, now)
+        by_state[state] += 1
+        if state != ItemState.DELIVERING and item.next_attempt_at <= now:
+            due += 1
+        if oldest is None or item.created_at < oldest:
+            oldest = item.created_at
+        index = bucket_index(now - item.created_at, bounds)
+        for recipient in item.pending_recipients:
+            pending += 1
+            key = (domain_of(recipient.address), index)
+            counts[key] = counts.get(key, 0) + 1
+    return QueueSummary(
+        now=now,
+        total=total,
+        by_state=by_state,
+        oldest_created_at=oldest,
+        due=due,
+        pending_recipients=pending,
+        age_buckets=bounds,
+        shape=shape_from_counts(counts, len(bounds) + 1),
+    )
+
+
+def header_block(head: bytes) -> bytes:
+    """Return the header block at the start of a message (up to its first empty line)."""
+    ends = [i for i in (head.find(b"\r\n\r\n"), head.find(b"\n\n")) if i >= 0]
+    return head[: min(ends)] if ends else head
+
+
+def headers_contain(head: bytes, text: str) -> bool:
+    """Return whether the header block of ``head`` contains ``text``, ignoring case.
+
+    The block is read as it is written: an RFC 2047 encoded word is matched by its
+    encoded form, so a plain ASCII subject is found by any of its words.
+    """
+    return text.casefold() in header_block(head).decode("utf-8", "replace").casefold()

@@ -1,0 +1,174 @@
+"""The ORM store's answers to the operator's questions (``search``, ``summary``...).
+
+Kept apart from the claim and record paths of ``orm.py``: nothing here writes, and
+nothing here is on a worker's way. Each answer is one or two statements whatever the
+size of the queue: the admin's list page costs the same with ten items or a million.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db.models import Count, Min, Q
+from django.db.models.expressions import RawSQL
+
+from bumail_queue.items import QueueItem
+from bumail_queue.models import Item
+from bumail_queue.queries import ItemQuery, ItemState, QueueSummary, shape_from_counts
+
+if TYPE_CHECKING:
+    from .orm import ORMStore
+
+# Below this many rows (by PostgreSQL's estimate) an exact count is cheap enough.
+EXACT_COUNT_BELOW = 100_000
+# How much of a message the header search and the admin's subjects read.
+HEAD_BYTES = 8192
+
+
+def _escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _leased(now: datetime) -> Q:
+    return Q(lease_owner__isnull=False, lease_expires_at__gt=now)
+
+
+def _state_filter(state: ItemState, now: datetime) -> Q:
+    if state == ItemState.DELIVERING:
+        return _leased(now)
+    tried = Q(attempts__gt=0) if state == ItemState.DEFERRED else Q(attempts=0)
+    return ~_leased(now) & tried
+
+
+def _headers_match(store: ORMStore, text: str) -> RawSQL:
+    """The ids of items whose message's header block contains ``text`` (ASCII case aside)."""
+    q, messages = store._q, store._q(store._messages)
+    pattern = f"%{_escape_like(text)}%"
+    if store.connection.vendor == "postgresql":
+        # The header block ends at the first empty line; LEAST skips the NULLs of a
+        # separator not found. 'escape' turns the bytes into text for ILIKE.
+        sql = (
+            f"SELECT h.{q('item_id')} FROM (SELECT {q('item_id')}, substring({q('data')} from 1 for {HEAD_BYTES}) AS head "
+            f"FROM {messages}) AS h WHERE encode(substring(h.head from 1 for LEAST("
+            r"NULLIF(position('\x0d0a0d0a'::bytea in h.head), 0), NULLIF(position('\x0a0a'::bytea in h.head), 0), "
+            f"{HEAD_BYTES})), 'escape') ILIKE %s"
+        )
+    else:
+        # SQLite's LIKE ignores ASCII case; MIN of two positions, 0 meaning not found.
+        sql = (
+            f"SELECT h.{q('item_id')} FROM (SELECT {q('item_id')}, substr({q('data')}, 1, {HEAD_BYTES}) AS head "
+            f"FROM {messages}) AS h WHERE CAST(substr(h.head, 1, MIN("
+            f"COALESCE(NULLIF(instr(h.head, X'0D0A0D0A'), 0), {HEAD_BYTES}), "
+            f"COALESCE(NULLIF(instr(h.head, X'0A0A'), 0), {HEAD_BYTES}))) AS TEXT) LIKE %s ESCAPE '\\'"
+        )
+    return RawSQL(sql, [pattern])  # noqa: S611 - the text is a parameter; the rest is ours
+
+
+def _filter(store: ORMStore, query: ItemQuery) -> Q:
+    where = Q()
+    if query.state is not None:
+        where &= _state_filter(query.state, query.now)
+    if query.domain is not None:
+        # The recipients are JSON: an address at the domain ends with '@domain"'.
+        where &= Q(recipients__icontains=f'@{query.domain}"')
+    if query.item_id is not None:
+        where &= Q(id=uuid.UUID(query.item_id))  # the unique index: no scan
+    elif query.text is not None:
+        text = query.text
+        where &= Q(sender__icontains=text) | Q(recipients__icontains=text) | Q(id__in=_headers_match(store, text))
+    return where
+
+
+def search(store: ORMStore, query: ItemQuery, *, offset: int, limit: int) -> list[QueueItem]:
+    """Return a page of matching items, earliest due first, in one statement."""
+    rows = Item.objects.using(store.alias).filter(_filter(store, query)).order_by("next_attempt_at", "seq")
+    with store._translated_errors():
+        return [row.to_queue_item() for row in rows[offset : offset + limit]]
+
+
+def read_message_heads(store: ORMStore, item_ids: Sequence[str], *, size: int) -> dict[str, bytes]:
+    """Return the first ``size`` bytes of each message, in one statement."""
+    from .orm import _id_text
+
+    keys = [key for key in map(store._prep_id, item_ids) if key is not None]
+    if not keys:
+        return {}
+    q = store._q
+    sql = (
+        f"SELECT {q('item_id')}, substr({q('data')}, 1, %s) FROM {q(store._messages)} "
+        f"WHERE {q('item_id')} IN ({', '.join(['%s'] * len(keys))})"
+    )
+    with store._translated_errors(), store.connection.cursor() as cursor:
+        cursor.execute(sql, [size, *keys])
+        return {_id_text(item_id): bytes(head) for item_id, head in cursor.fetchall()}
+
+
+def summary(store: ORMStore, *, now: datetime, age_buckets: Sequence[timedelta]) -> QueueSummary:
+    """Return the counts (one statement) and the shape (one more) of the queue."""
+    leased = _leased(now)
+    with store._translated_errors():
+        counts = Item.objects.using(store.alias).aggregate(
+            total=Count("seq"),
+            delivering=Count("seq", filter=leased),
+            deferred=Count("seq", filter=~leased & Q(attempts__gt=0)),
+            due=Count("seq", filter=~leased & Q(next_attempt_at__lte=now)),
+            oldest=Min("created_at"),
+        )
+        shape_rows = _shape_rows(store, now, tuple(age_buckets))
+    by_state = {
+        ItemState.DELIVERING: counts["delivering"],
+        ItemState.DEFERRED: counts["deferred"],
+        ItemState.QUEUED: counts["total"] - counts["delivering"] - counts["deferred"],
+    }
+    shape = shape_from_counts({(domain or "", index): n for domain, index, n in shape_rows}, len(age_buckets) + 1)
+    return QueueSummary(
+        now=now,
+        total=counts["total"],
+        by_state=by_state,
+        oldest_created_at=counts["oldest"],
+        due=counts["due"],
+        pending_recipients=sum(n for _, _, n in shape_rows),
+        age_buckets=tuple(age_buckets),
+        shape=shape,
+    )
+
+
+def _shape_rows(store: ORMStore, now: datetime, bounds: tuple[timedelta, ...]) -> list[tuple[str, int, int]]:
+    q, items = store._q, store._q(store._items)
+    # An item is in the first bucket whose bound it is younger than (created after now - bound).
+    bucket = "CASE " + " ".join(f"WHEN i.{q('created_at')} > %s THEN {n}" for n in range(len(bounds))) + f" ELSE {len(bounds)} END"
+    params: list[Any] = [store._prep_time(now - bound) for bound in bounds]
+    if store.connection.vendor == "postgresql":
+        address = "r.value->>'address'"
+        sql = (
+            f"SELECT lower(substring({address} from '[^@]*$')) AS domain, {bucket} AS bucket, COUNT(*) "
+            f"FROM {items} AS i CROSS JOIN LATERAL jsonb_array_elements(i.{q('recipients')}) AS r(value) "
+            f"WHERE r.value->>'status' IN ('pending', 'deferred') GROUP BY 1, 2"
+        )
+    else:
+        # SQLite has no "last @": split at the first, and shape_from_counts trims the rest.
+        address = "json_extract(r.value, '$.address')"
+        sql = (
+            f"SELECT lower(substr({address}, instr({address}, '@') + 1)) AS domain, {bucket} AS bucket, COUNT(*) "
+            f"FROM {items} AS i, json_each(i.{q('recipients')}) AS r "
+            f"WHERE json_extract(r.value, '$.status') IN ('pending', 'deferred') GROUP BY 1, 2"
+        )
+    with store.connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [(domain, int(index), int(n)) for domain, index, n in cursor.fetchall()]
+
+
+def estimated_count(store: ORMStore) -> int:
+    """Return PostgreSQL's estimate of the rows when the table is large; else count them."""
+    connection = store.connection
+    if connection.vendor == "postgresql":
+        with store._translated_errors(), connection.cursor() as cursor:
+            cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [store._items])
+            row = cursor.fetchone()
+        estimate = int(row[0]) if row is not None and row[0] is not None else -1
+        if estimate >= EXACT_COUNT_BELOW:
+            return estimate
+    return store.count()

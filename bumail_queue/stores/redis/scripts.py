@@ -1,0 +1,65 @@
+"""The Lua scripts of the Redis store, one per operation that writes (``lua/*.lua``).
+
+Redis runs a script whole, with no command of another client between its steps, so
+each script is the store's unit of atomicity. A script is sent by its SHA-1
+(``EVALSHA``); when Redis no longer has it (a restart, a failover, ``SCRIPT
+FLUSH``), by its text (``EVAL``), which also caches it again. ``EVAL`` rather than
+``SCRIPT LOAD``: a worker's ACL user then needs no ``SCRIPT`` command.
+
+Each script starts with a ``#!lua`` line (Redis 7's script flags). While Redis is
+out of memory under ``maxmemory`` (``noeviction``), it refuses the add script whole,
+before its first step, so an add is never half written. The scripts that claim,
+renew, record, move and drop say ``allow-oom``: they add next to nothing, and a full
+Redis must still let workers deliver its mail, which is what frees its memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+from redis import Redis
+from redis.exceptions import NoScriptError
+
+_LUA = resources.files("bumail_queue.stores.redis").joinpath("lua")
+
+#: The layout of the keys that these scripts read and write; ``<prefix>schema`` holds it.
+LAYOUT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Script:
+    """A Lua script, and the SHA-1 that ``EVALSHA`` names it by."""
+
+    name: str
+    source: str
+    sha: str
+
+    @classmethod
+    def load(cls, name: str) -> Script:
+        """Read ``lua/<name>.lua`` from the package."""
+        source = _LUA.joinpath(f"{name}.lua").read_text("utf-8")
+        sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
+        return cls(name=name, source=source, sha=sha)
+
+    def __call__(
+        self, client: Redis, keys: Sequence[str], args: Sequence[str | bytes | int]
+    ) -> Any:
+        """Run the script: by its SHA-1, or by its text when Redis lost it."""
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return client.eval(self.source, len(keys), *keys, *args)
+
+
+SCHEMA = Script.load("schema")
+ADD = Script.load("add")
+CLAIM = Script.load("claim")
+RENEW = Script.load("renew")
+COMPLETE = Script.load("complete")
+RESCHEDULE = Script.load("reschedule")
+CANCEL = Script.load("cancel")
+LIST = Script.load("list")

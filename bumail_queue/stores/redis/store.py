@@ -1,0 +1,688 @@
+"""The Redis store: the queue in Redis, through django-redis, for workers on many machines.
+
+Every key starts with ``REDIS_KEY_PREFIX`` (see ``docs/redis.md`` for the layout):
+an item is a hash, its message a string written and read byte for byte, and the
+sorted sets ``items`` (all), ``ready`` (no lease holds them) and ``leases`` order
+them. Every operation that writes is one Lua script (``scripts.py``), which Redis
+runs whole: two workers never take the same item, and an add is all or nothing.
+Reads are plain commands, one round trip each (a page of ``list`` is one read-only
+script); a batch of outcomes is pipelined.
+
+Times travel as whole microseconds since the epoch, the precision of ``datetime``,
+so each comes back exactly as it was given; the scripts only compare them. A sorted
+set's score is a double, exact for such numbers until the year 2255.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+
+from django.conf import settings as django_settings
+from django.core import checks
+from django.core.cache.backends.base import InvalidCacheBackendError
+from django.utils.module_loading import import_string
+from django_redis import get_redis_connection
+from django_redis.cache import RedisCache
+from redis import Redis
+from redis.client import PubSub
+from redis.exceptions import (
+    AskError,
+    AuthenticationError,
+    ClusterCrossSlotError,
+    ClusterDownError,
+    NoPermissionError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from bumail_queue.conf import QueueSettings
+from bumail_queue.errors import ErrorCode, QueueConfigurationError, QueueError
+from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
+from bumail_queue.stores.base import QueueStore, WorkListener
+
+from . import scripts
+
+# How often complete() re-reads an item whose outcome another write changed meanwhile.
+_COMPLETE_TRIES = 8
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RedisKeys:
+    """The names of the queue's keys under one prefix."""
+
+    prefix: str
+
+    @property
+    def items(self) -> str:
+        """Every item, scored by its next attempt: ``list`` and ``count``."""
+        return f"{self.prefix}items"
+
+    @property
+    def ready(self) -> str:
+        """The items no lease holds, scored by their next attempt."""
+        return f"{self.prefix}ready"
+
+    @property
+    def leases(self) -> str:
+        """The leased items, scored by when their leases end."""
+        return f"{self.prefix}leases"
+
+    @property
+    def seq(self) -> str:
+        """The counter that orders items equally due."""
+        return f"{self.prefix}seq"
+
+    @property
+    def schema(self) -> str:
+        """The layout version."""
+        return f"{self.prefix}schema"
+
+    @property
+    def keys(self) -> str:
+        """A hash of idempotency key to the id of the item holding it."""
+        return f"{self.prefix}keys"
+
+    @property
+    def wake(self) -> str:
+        """The Pub/Sub channel that adds, retries and give-backs announce work on."""
+        return f"{self.prefix}wake"
+
+    def item(self, item_id: str) -> str:
+        return f"{self.prefix}item:{item_id}"
+
+    def message(self, item_id: str) -> str:
+        return f"{self.prefix}message:{item_id}"
+
+
+class RedisStore(QueueStore):
+    """Keeps the queue in the Redis of the django-redis alias ``REDIS_CONNECTION``.
+
+    Nothing connects when the store is built: the first call does, and checks that
+    the prefix holds this store's layout (``<prefix>schema``).
+    """
+
+    supports_transactional_enqueue = False
+
+    def __init__(self, settings: QueueSettings) -> None:
+        super().__init__(settings)
+        self.alias: str = settings.redis_connection
+        self.keys = RedisKeys(settings.redis_key_prefix)
+        self._client: Redis | None = None
+        self._schema_checked = False
+        self._schema_lock = threading.Lock()
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _redis(self) -> Redis:
+        """Return the client, checking the prefix's layout at the first call."""
+        client = self._client
+        if client is None:
+            try:
+                client = get_redis_connection(self.alias, write=True)
+            except (InvalidCacheBackendError, NotImplementedError) as error:
+                raise QueueConfigurationError(
+                    f"BUMAIL_QUEUE['REDIS_CONNECTION'] is {self.alias!r}, which is not a django-redis cache of CACHES "
+                    "with one Redis (or a primary and its replicas)."
+                ) from error
+            self._client = client
+        if not self._schema_checked:
+            with self._schema_lock, self._translated_errors("check the queue's layout"):
+                if not self._schema_checked:
+                    found = scripts.SCHEMA(
+                        client, [self.keys.schema], [str(scripts.LAYOUT_VERSION)]
+                    )
+                    self._check_schema(found)
+                    self._schema_checked = True
+        return client
+
+    def _check_schema(self, found: bytes) -> None:
+        text = found.decode("utf-8", "replace")
+        if text == str(scripts.LAYOUT_VERSION):
+            return
+        if text.isdigit() and int(text) > scripts.LAYOUT_VERSION:
+            problem = f"holds layout {text}, written by a newer version of bumail_queue than this one"
+        else:
+            problem = "holds something other than a layout version: the prefix is another application's"
+        raise QueueConfigurationError(
+            f"The Redis queue cannot be set up: {self.keys.schema!r} {problem}. "
+            "Give BUMAIL_QUEUE['REDIS_KEY_PREFIX'] a prefix of the queue's own."
+        )
+
+    @contextmanager
+    def _translated_errors(self, doing: str) -> Iterator[None]:
+        """Raise Redis's errors as ``QueueError(STORE_UNAVAILABLE)``, saying what to do."""
+        try:
+            yield
+        except AuthenticationError as error:
+            raise self._unavailable(
+                doing, "Redis refused the credentials of CACHES", error
+            ) from error
+        except (RedisConnectionError, RedisTimeoutError) as error:
+            raise self._unavailable(
+                doing, "Redis could not be reached through CACHES", error
+            ) from error
+        except ResponseError as error:
+            raise self._unavailable(doing, _refusal(error), error) from error
+        except RedisError as error:
+            raise self._unavailable(
+                doing, "Redis failed through CACHES", error
+            ) from error
+
+    def _unavailable(self, doing: str, what: str, error: Exception) -> QueueError:
+        where = f"{what}[{self.alias!r}]" if what.endswith("CACHES") else what
+        return QueueError(
+            ErrorCode.STORE_UNAVAILABLE,
+            f"Could not {doing}: {where}: {_first_line(error)}",
+        )
+
+    def _run(
+        self,
+        script: scripts.Script,
+        doing: str,
+        keys: Sequence[str],
+        args: Sequence[str | bytes | int],
+    ) -> Any:
+        client = self._redis()
+        with self._translated_errors(doing):
+            return script(client, keys, args)
+
+    def _run_many(
+        self,
+        script: scripts.Script,
+        doing: str,
+        keys: Sequence[str],
+        arg_lists: Sequence[Sequence[str | bytes | int]],
+    ) -> builtins.list[Any]:
+        """Run a script once per argument list, pipelined: one round trip for all."""
+        if not arg_lists:
+            return []
+        client = self._redis()
+        with self._translated_errors(doing):
+            pipe = client.pipeline(transaction=False)
+            for args in arg_lists:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            replies = pipe.execute(raise_on_error=False)
+            for index, reply in enumerate(replies):
+                if isinstance(reply, NoScriptError):  # Redis lost it: by its text, once
+                    replies[index] = script(client, keys, arg_lists[index])
+                elif isinstance(reply, Exception):
+                    raise reply
+        return list(replies)
+
+    # -- adding -----------------------------------------------------------------------
+
+    def add_many(
+        self, items: Sequence[NewItem], *, max_items: int | None = None
+    ) -> builtins.list[QueueItem]:
+        if not items:
+            return []
+        args: list[str | bytes | int] = [
+            self.keys.prefix,
+            "" if max_items is None else str(max_items),
+            self.keys.wake,
+        ]
+        for new in items:
+            self.validate_new(new)
+            if _own_id(new.id) != new.id:
+                raise QueueError(
+                    ErrorCode.INVALID,
+                    f"An item id must be a UUID in its usual form; got {new.id!r}.",
+                )
+            args += [
+                new.id,
+                "" if new.key is None else f"={new.key}",
+                new.sender,
+                _recipients_json(
+                    Recipient(address=address) for address in new.recipients
+                ),
+                str(new.size),
+                _micros(new.created_at),
+                _micros(new.next_attempt_at),
+                bytes(new.message),
+            ]
+        keys = [self.keys.items, self.keys.ready, self.keys.seq, self.keys.keys]
+        status, payload = self._run(scripts.ADD, "queue the message", keys, args)
+        if status == b"full":
+            raise QueueError(
+                ErrorCode.FULL,
+                f"The queue is full: it holds {payload} items and MAX_ITEMS is {max_items}.",
+            )
+        added: list[QueueItem] = []
+        for new, entry in zip(items, payload, strict=True):
+            if entry == b"ok":
+                added.append(new.to_queue_item())
+            elif isinstance(entry, int):  # an earlier item of this call took the key
+                added.append(_copy(added[entry - 1]))
+            else:  # the item holding the key
+                added.append(_item(_pairs(entry)))
+        return added
+
+    # -- reading ----------------------------------------------------------------------
+
+    def get(self, item_id: str) -> QueueItem | None:
+        own = _own_id(item_id)
+        if own is None:
+            return None
+        client = self._redis()
+        with self._translated_errors("read the item"):
+            fields = _hash(client.hgetall(self.keys.item(own)))
+        return _item(fields) if fields else None
+
+    def list(self, *, offset: int = 0, limit: int = 100) -> builtins.list[QueueItem]:
+        if limit <= 0:
+            return []
+        page = self._run(
+            scripts.LIST,
+            "list the queue",
+            [self.keys.items],
+            [self.keys.prefix, offset, offset + limit - 1],
+        )
+        return [_item(_pairs(fields)) for fields in page]
+
+    def count(self) -> int:
+        client = self._redis()
+        with self._translated_errors("count the queue"):
+            return int(client.zcard(self.keys.items))
+
+    def read_message(self, item_id: str) -> bytes | None:
+        own = _own_id(item_id)
+        if own is None:
+            return None
+        client = self._redis()
+        with self._translated_errors("read the message"):
+            data = cast("bytes | None", client.get(self.keys.message(own)))
+        return data
+
+    def read_message_heads(
+        self, item_ids: Sequence[str], *, size: int = 8192
+    ) -> dict[str, bytes]:
+        """Read the first ``size`` bytes of each message, pipelined (``GETRANGE``)."""
+        if size <= 0:
+            return super().read_message_heads(item_ids, size=size)
+        known = [(item_id, own) for item_id in item_ids if (own := _own_id(item_id))]
+        if not known:
+            return {}
+        client = self._redis()
+        with self._translated_errors("read the messages"):
+            pipe = client.pipeline(transaction=False)
+            for _, own in known:
+                pipe.getrange(self.keys.message(own), 0, size - 1)
+            heads = pipe.execute()
+        # A missing key reads as no bytes; a message is never empty (it has headers).
+        return {
+            item_id: bytes(head)
+            for (item_id, _), head in zip(known, heads, strict=True)
+            if head
+        }
+
+    # -- leases and outcomes ----------------------------------------------------------
+
+    def claim(
+        self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1
+    ) -> builtins.list[QueueItem]:
+        self.validate_owner(owner)
+        if limit < 1:
+            return []
+        keys = [self.keys.ready, self.keys.leases, self.keys.items]
+        args: list[str | bytes | int] = [
+            self.keys.prefix,
+            owner,
+            _micros(now),
+            _micros(lease_until),
+            limit,
+        ]
+        return [
+            _item(_pairs(fields))
+            for fields in self._run(scripts.CLAIM, "claim items", keys, args)
+        ]
+
+    def renew(self, item_id: str, *, owner: str, lease_until: datetime) -> bool:
+        self.validate_owner(owner)
+        own = _own_id(item_id)
+        if own is None:
+            return False
+        keys = [self.keys.leases, self.keys.items]
+        return bool(
+            self._run(
+                scripts.RENEW,
+                "renew the lease",
+                keys,
+                [self.keys.prefix, own, owner, _micros(lease_until)],
+            )
+            == 1
+        )
+
+    def complete(
+        self, item_id: str, *, owner: str, result: AttemptResult
+    ) -> QueueItem | None:
+        self.validate_owner(owner)
+        self.validate_result(result)
+        own = _own_id(item_id)
+        if own is None:
+            return None
+        client = self._redis()
+        for _ in range(_COMPLETE_TRIES):
+            with self._translated_errors("read the item"):
+                fields = _hash(client.hgetall(self.keys.item(own)))
+            if not fields:
+                return None
+            item = _item(fields)
+            if item.lease_owner != owner:
+                break
+            recorded = result.recorded_on(item)
+            # Only the owner, and only over the state it read: an outcome recorded in
+            # between (a renewal is none, it leaves rev alone) makes it read again.
+            args = self._outcome_args(own, owner, fields[b"rev"], recorded)
+            written = int(
+                self._run(
+                    scripts.COMPLETE, "record the outcome", self._outcome_keys, args
+                )
+            )
+            if written == 1:
+                return recorded
+            if written == -2:
+                return None
+            if written == 0:
+                break
+        raise self.lease_lost(item_id, owner)
+
+    def complete_many(
+        self, owner: str, results: Sequence[tuple[str, AttemptResult]]
+    ) -> builtins.list[QueueItem | QueueError | None]:
+        """Record a batch in two round trips: the reads pipelined, then the scripts.
+
+        Each item is still its own script, as ``complete`` runs it; an item changed
+        between the read and its script goes the single way, which reads again.
+        """
+        self.validate_owner(owner)
+        for _, result in results:
+            self.validate_result(result)
+        if not results:
+            return []
+        client = self._redis()
+        owns = [_own_id(item_id) for item_id, _ in results]
+        known = sorted({own for own in owns if own is not None})
+        with self._translated_errors("read the items"):
+            pipe = client.pipeline(transaction=False)
+            for key in known:
+                pipe.hgetall(self.keys.item(key))
+            held = dict(zip(known, map(_hash, pipe.execute()), strict=True))
+        done: list[QueueItem | QueueError | None] = []
+        writes: list[tuple[int, list[str | bytes | int]]] = []
+        for index, ((item_id, result), own) in enumerate(
+            zip(results, owns, strict=True)
+        ):
+            fields = held.get(own) if own is not None else None
+            if not fields or own is None:
+                done.append(None)
+                continue
+            item = _item(fields)
+            if item.lease_owner != owner:
+                done.append(self.lease_lost(item_id, owner))
+                continue
+            done.append(recorded := result.recorded_on(item))
+            writes.append(
+                (index, self._outcome_args(own, owner, fields[b"rev"], recorded))
+            )
+        statuses = self._run_many(
+            scripts.COMPLETE,
+            "record the outcomes",
+            self._outcome_keys,
+            [args for _, args in writes],
+        )
+        for (index, _), status in zip(writes, statuses, strict=True):
+            item_id, result = results[index]
+            if status == -2:
+                done[index] = None
+            elif status == 0:
+                done[index] = self.lease_lost(item_id, owner)
+            elif status == -1:
+                try:
+                    done[index] = self.complete(item_id, owner=owner, result=result)
+                except QueueError as error:
+                    if error.code != ErrorCode.LEASE_LOST:
+                        raise
+                    done[index] = error
+        return done
+
+    @property
+    def _outcome_keys(self) -> builtins.list[str]:
+        return [self.keys.items, self.keys.ready, self.keys.leases, self.keys.keys]
+
+    def _outcome_args(
+        self, item_id: str, owner: str, rev: bytes, item: QueueItem
+    ) -> builtins.list[str | bytes | int]:
+        args: list[str | bytes | int] = [self.keys.prefix, item_id, owner, rev]
+        if item.is_finished:
+            return [*args, "drop"]
+        return [
+            *args,
+            "record",
+            _recipients_json(item.recipients),
+            _micros(item.next_attempt_at),
+            str(item.attempts),
+            "1" if item.delay_notified else "0",
+        ]
+
+    def reschedule(
+        self, item_id: str, *, at: datetime, owner: str | None = None
+    ) -> bool:
+        if owner is not None:
+            self.validate_owner(owner)
+        own = _own_id(item_id)
+        if own is None:
+            return False
+        keys = [self.keys.items, self.keys.ready, self.keys.leases]
+        args: list[str | bytes | int] = [
+            self.keys.prefix,
+            own,
+            _micros(at),
+            owner or "",
+            self.keys.wake,
+        ]
+        return bool(
+            self._run(scripts.RESCHEDULE, "reschedule the item", keys, args) == 1
+        )
+
+    def cancel(self, item_id: str) -> QueueItem | None:
+        own = _own_id(item_id)
+        if own is None:
+            return None
+        keys = [self.keys.items, self.keys.ready, self.keys.leases, self.keys.keys]
+        fields = self._run(
+            scripts.CANCEL, "cancel the item", keys, [self.keys.prefix, own]
+        )
+        return None if fields is None else _item(_pairs(fields))
+
+    def listener(self) -> WorkListener | None:
+        """A Pub/Sub subscription on its own connection: idle workers wake on enqueue."""
+        client = self._redis()
+        with self._translated_errors("listen for new work"):
+            return _RedisListener(client, self.keys.wake, self._translated_errors)
+
+    # -- checks -----------------------------------------------------------------------
+
+    def check(self, **kwargs: Any) -> builtins.list[checks.CheckMessage]:
+        problem = _connection_problem(self.alias)
+        if problem is None:
+            return []
+        return [
+            checks.Error(
+                f"BUMAIL_QUEUE['REDIS_CONNECTION'] is {self.alias!r}: {problem}",
+                hint="Name a CACHES entry whose BACKEND is 'django_redis.cache.RedisCache', on one Redis "
+                "(or a primary and its replicas), with bytes left undecoded.",
+                obj="BUMAIL_QUEUE",
+                id="bumail_queue.E018",
+            )
+        ]
+
+
+class _RedisListener(WorkListener):
+    """A subscription to the queue's wake channel, on a connection of its own.
+
+    Pub/Sub keeps nothing for a subscriber that is away: what is announced while the
+    connection is down is found by the worker's poll (``POLL_SECONDS``).
+    """
+
+    def __init__(
+        self,
+        client: Redis,
+        channel: str,
+        translated: Callable[[str], AbstractContextManager[None]],
+    ) -> None:
+        self._translated = translated
+        self._pubsub: PubSub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        self._pubsub.subscribe(channel)
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._translated("listen for new work"):
+            while (remaining := deadline - time.monotonic()) > 0:
+                if self._pubsub.get_message(timeout=remaining) is not None:
+                    # Announcements that piled up meanwhile are one wake-up, not many.
+                    while self._pubsub.get_message(timeout=0) is not None:
+                        pass
+                    return True
+        return False
+
+    def close(self) -> None:
+        with contextlib.suppress(RedisError):  # the connection is gone already
+            self._pubsub.close()
+
+
+# -- values ---------------------------------------------------------------------------
+
+
+def _micros(value: datetime) -> str:
+    """Return a time as whole microseconds since the epoch (a naive time is taken as UTC)."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return str((value - _EPOCH) // _MICROSECOND)
+
+
+def _time(raw: bytes) -> datetime:
+    return _EPOCH + timedelta(microseconds=int(raw))
+
+
+def _own_id(item_id: Any) -> str | None:
+    """Return the id in the form the store writes it, or ``None`` for one it never made.
+
+    Only a UUID reaches a key's name, so no id a caller gives names another key.
+    """
+    if not QueueStore.is_known_id(item_id):
+        return None
+    try:
+        return str(uuid.UUID(item_id))
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def _recipients_json(recipients: Iterator[Recipient] | Sequence[Recipient]) -> str:
+    return json.dumps(
+        [r.to_dict() for r in recipients], ensure_ascii=False, separators=(",", ":")
+    )
+
+
+def _hash(reply: Any) -> dict[bytes, bytes]:
+    """Return ``HGETALL``'s reply typed: bytes, since the store's connections decode nothing."""
+    return cast("dict[bytes, bytes]", reply)
+
+
+def _pairs(flat: Sequence[bytes]) -> dict[bytes, bytes]:
+    """Return a hash's fields from the flat list a script returns for ``HGETALL``."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def _item(fields: Mapping[bytes, bytes]) -> QueueItem:
+    owner, expires, key = (
+        fields.get(b"owner"),
+        fields.get(b"expires"),
+        fields.get(b"key"),
+    )
+    return QueueItem(
+        id=fields[b"id"].decode(),
+        sender=fields[b"from"].decode(),
+        recipients=[Recipient.from_dict(r) for r in json.loads(fields[b"recipients"])],
+        size=int(fields[b"size"]),
+        created_at=_time(fields[b"created"]),
+        next_attempt_at=_time(fields[b"next"]),
+        attempts=int(fields[b"attempts"]),
+        delay_notified=fields[b"delay"] == b"1",
+        lease_owner=None if owner is None else owner.decode(),
+        lease_expires_at=None if expires is None else _time(expires),
+        key=None if key is None else key.decode(),
+    )
+
+
+def _copy(item: QueueItem) -> QueueItem:
+    return dataclasses.replace(item, recipients=list(item.recipients))
+
+
+# -- errors and checks ----------------------------------------------------------------
+
+
+def _refusal(error: ResponseError) -> str:
+    """Say what a Redis error reply means for the queue."""
+    reply = f"{getattr(error, 'status_code', None) or ''} {error}".strip()
+    if isinstance(error, OutOfMemoryError) or reply.startswith("OOM"):
+        return "Redis is out of memory (maxmemory, with maxmemory-policy noeviction) and refused the write; nothing was written"
+    if isinstance(error, ReadOnlyError) or reply.startswith("READONLY"):
+        return "Redis is a replica, which refuses writes; point REDIS_CONNECTION at the primary"
+    if isinstance(error, NoPermissionError) or reply.startswith("NOPERM"):
+        return (
+            "Redis refused the command to this user; see the ACL the Redis store needs"
+        )
+    if isinstance(
+        error, AskError | TryAgainError | ClusterCrossSlotError | ClusterDownError
+    ):
+        return "Redis Cluster is not supported: the queue's keys must live on one Redis"
+    if "near '#'" in reply:
+        return "the Redis store needs Redis 7.0 or newer (script flags)"
+    return "Redis refused the command"
+
+
+def _connection_problem(alias: str) -> str | None:
+    """Say why the ``CACHES`` entry ``alias`` cannot serve the store, or ``None``."""
+    caches = getattr(django_settings, "CACHES", {})
+    if alias not in caches:
+        return f"CACHES has no such alias (it has {', '.join(map(repr, caches)) or 'none'})."
+    config = caches[alias]
+    try:
+        backend = import_string(config.get("BACKEND", ""))
+    except ImportError:
+        backend = None
+    if not (isinstance(backend, type) and issubclass(backend, RedisCache)):
+        return (
+            f"its BACKEND is {config.get('BACKEND')!r}, not django-redis's RedisCache."
+        )
+    options = config.get("OPTIONS", {})
+    client_class = options.get("CLIENT_CLASS", "")
+    if client_class.rpartition(".")[2] == "ShardClient":
+        return "it shards keys over several servers; the queue's keys must live on one Redis."
+    if options.get("CONNECTION_POOL_KWARGS", {}).get("decode_responses"):
+        return "its connections decode replies (decode_responses), so messages would not come back byte for byte."
+    return None
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,107 @@
+"""The queue's admin pages in Chromium, as an operator uses them.
+
+Run with ``tox -e browser`` (or ``python -m pytest -m browser``); set
+``BUMAIL_SCREENSHOTS=1`` to refresh the screenshots in ``docs/images/``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+LIST = "/admin/bumail_queue/item/"
+
+
+def open_item(page, subject):
+    page.click(f"#result_list a:has-text('{subject}')")
+    page.wait_for_selector("#bq-recipients")
+
+
+def test_find_an_item_by_recipient_and_read_it(page, screenshot):
+    page.goto(LIST)
+    assert page.locator("#result_list tbody tr").count() >= 8
+    page.click("#toggle-nav-sidebar")  # the admin's own sidebar toggle: more room for the list
+    page.evaluate("window.scrollTo(0, 0)")
+    screenshot(page, "admin-list.png")
+
+    page.fill("#searchbar", "alice@example.org")
+    page.press("#searchbar", "Enter")
+    page.wait_for_url("**q=alice*")
+    rows = page.locator("#result_list tbody tr")
+    assert rows.count() == 1
+    assert "Deferred" in rows.first.inner_text()
+    assert "451 4.7.1" in rows.first.inner_text()
+
+    open_item(page, "Your order #1042 has shipped")
+    recipient = page.locator("#bq-recipients tr[data-recipient='alice@example.org']")
+    assert "deferred" in recipient.inner_text()
+    assert "451 4.7.1 Greylisted, please try again in 5 minutes" in recipient.inner_text()
+    assert "mx1.example.org" in recipient.inner_text()
+    assert "Greylisted" in page.locator("#bq-history").inner_text()
+
+    # The HTML body is shown, sanitised, in a sandboxed frame: the mail's script never runs.
+    frame = page.frame_locator("iframe.bq-preview")
+    assert "Your order #1042 has shipped" in frame.locator("h1").first.inner_text()
+    assert frame.locator("#pwned").count() == 0
+    assert frame.locator("script").count() == 0
+    assert "pwned" not in page.title()
+    assert page.url.startswith("http://127.0.0.1:")  # no onerror sent the page anywhere
+    assert page.locator("iframe.bq-preview").get_attribute("sandbox") == ""
+    assert "Trail running shoes" in frame.locator("body").inner_text()
+    # The tracking pixel is refused by the frame's Content-Security-Policy, not fetched.
+    blocked = [e for e in page.js_errors if "tracker.example.com" in e and "Content Security Policy" in e]
+    assert blocked
+    page.js_errors[:] = [e for e in page.js_errors if e not in blocked]
+    # The whole page at once, its frame painted (a full-page capture can leave it blank).
+    page.set_viewport_size({"width": 1520, "height": page.evaluate("document.documentElement.scrollHeight")})
+    frame.locator("h1").first.wait_for()
+    screenshot(page, "admin-item.png")
+
+
+def test_retry_one_item(page):
+    page.goto(LIST + "?state=deferred")
+    row = page.locator("#result_list tbody tr", has_text="Invoice 2026-114")
+    row.locator("input.action-select").check()
+    assert "1 of" in page.locator(".action-counter").inner_text()  # the admin's own actions.js
+    page.select_option("select[name=action]", "retry_now")
+    page.click("button[name=index]")
+    page.wait_for_selector(".messagelist")
+    assert page.locator(".messagelist").inner_text().strip() == "1 item retried."
+    page.goto(LIST + "?q=billing%40customer")
+    assert "due now" in page.locator("#result_list tbody tr").first.inner_text()
+
+
+def test_cancel_one_item_through_the_confirmation_page(page):
+    page.goto(LIST + "?q=iris%40example.com")
+    page.locator("#result_list tbody tr input.action-select").first.check()
+    page.select_option("select[name=action]", "cancel")
+    page.click("button[name=index]")
+    page.wait_for_selector("#bq-confirm-cancel")
+    assert "Cancel this item?" in page.locator("#content-main").inner_text()
+    assert "iris@example.com" in page.locator("#bq-cancel-list").inner_text()
+    page.click("#bq-confirm-cancel")
+    page.wait_for_selector(".messagelist")
+    assert page.locator(".messagelist").inner_text().strip() == "1 item cancelled."
+    assert "No queued item matches." in page.locator("#changelist").inner_text()
+
+
+def test_cancel_from_the_item_page_can_be_taken_back(page):
+    page.goto(LIST + "?q=hugo%40example.org")
+    open_item(page, "Welcome to Shop Example, Hugo")
+    page.click("#bq-cancel")
+    page.wait_for_selector("#bq-confirm-cancel")
+    page.click("text=No, take me back")
+    page.wait_for_selector("#bq-recipients")
+    assert "hugo@example.org" in page.locator("#bq-recipients").inner_text()
+
+
+def test_the_overview_draws_the_queue(page, screenshot):
+    page.goto(LIST + "overview/")
+    counts = page.locator("#bq-counts").inner_text()
+    assert re.search(r"\d+\s*Being delivered", counts)
+    assert page.locator("#bq-shape tr[data-domain='example.org']").count() == 1
+    assert page.locator("svg.bq-bar rect").count() >= 2
+    screenshot(page, "admin-overview.png")

@@ -1,0 +1,89 @@
+"""``manage.py queue_status``, in text and in JSON, on every store."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+from django.utils import timezone
+
+from bumail_queue import queue
+from bumail_queue.items import AttemptResult, Outcome, RecipientStatus, Reply
+from bumail_queue.stores import get_store
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(params=["orm", "memory", pytest.param("redis", marks=pytest.mark.redis)])
+def store_name(request):
+    store = request.getfixturevalue("redis_settings") if request.param == "redis" else {}
+    with override_settings(BUMAIL_QUEUE={"HOSTNAME": "mta.example.com", **store}):
+        yield request.param
+
+
+def enqueue(*recipients, at=None):
+    raw = b"From: app@example.com\r\nSubject: Hi\r\n\r\nHi.\r\n"
+    return queue.enqueue(raw, sender="app@example.com", recipients=list(recipients), at=at)
+
+
+def status(*args):
+    out = StringIO()
+    call_command("queue_status", *args, stdout=out)
+    return out.getvalue()
+
+
+def fill():
+    enqueue("a@slow.example", "b@slow.example", "c@fast.example")
+    enqueue("d@slow.example", at=timezone.now() + timedelta(hours=1))
+    deferred = enqueue("e@other.example")
+    store, now = get_store(), timezone.now()
+    claimed = store.claim(owner="w", now=now + timedelta(seconds=1), lease_until=now + timedelta(minutes=5), limit=10)
+    for item in claimed:
+        if item.id != deferred.id:
+            store.reschedule(item.id, at=now, owner="w")
+    later = Reply(code=451, status="4.3.0", text="later")
+    store.complete(deferred.id, owner="w", result=AttemptResult(outcomes={"e@other.example": Outcome(status=RecipientStatus.DEFERRED, reply=later)}, next_attempt_at=now + timedelta(minutes=30)))
+
+
+def test_queue_status_text(store_name):
+    fill()
+    text = status()
+    lines = text.splitlines()
+    assert lines[0] == "3 items queued: 2 queued, 1 deferred, 0 being delivered; 1 due now."
+    assert lines[1].startswith("Oldest: queued ")
+    assert "5 recipients pending" in text
+    header = next(line for line in lines if "total" in line)
+    assert header.split() == ["total", "<5m", "5-10m", "10-20m", "20-40m", "40-80m", "80-160m", "160-320m", "320-640m", "640-1280m", "1280m+"]
+    assert lines[-4].split()[:4] == ["all", "domains", "5", "5"]
+    assert lines[-3].split()[:3] == ["slow.example", "3", "3"]
+    assert {line.split()[0] for line in lines[-2:]} == {"fast.example", "other.example"}
+
+
+def test_queue_status_top_leaves_domains_out(store_name):
+    fill()
+    text = status("--top", "1")
+    assert "slow.example" in text and "fast.example" not in text
+    assert "(2 more domains; --top to show more)" in text
+
+
+def test_queue_status_json(store_name):
+    fill()
+    data = json.loads(status("--json"))
+    assert data["total"] == 3
+    assert data["by_state"] == {"queued": 2, "deferred": 1, "delivering": 0}
+    assert data["due"] == 1
+    assert data["pending_recipients"] == 5
+    assert data["age_buckets"][0] == "<5m" and data["age_buckets"][-1] == "1280m+"
+    assert data["domains"][0] == {"domain": "slow.example", "total": 3, "buckets": [3] + [0] * 9}
+    assert data["bucket_totals"][0] == 5
+    assert data["oldest_created_at"] is not None
+    assert data["domains_left_out"] == 0
+
+
+def test_queue_status_of_an_empty_queue(store_name):
+    assert status().splitlines() == ["0 items queued: 0 queued, 0 deferred, 0 being delivered; 0 due now.", "The queue is empty."]
+    assert json.loads(status("--json"))["domains"] == []
