@@ -374,8 +374,15 @@ class Worker:
                 self._ended.add(item.id)
             else:
                 self._forget(item.id)
-            self._changed.notify_all()
+            self._wake_loop_if_needed()
         self._start_what_fits(pool)
+
+    def _wake_loop_if_needed(self) -> None:
+        """Wake the loop when it has something to do (call with ``_changed`` held): claim
+        more, or see that nothing is left in flight. Not on every delivery: a loop that
+        wakes for nothing costs the delivery threads the GIL."""
+        if len(self._waiting) < self.concurrency or not self._in_flight or self._stopping.is_set():
+            self._changed.notify_all()
 
     def _forget(self, item_id: str) -> None:
         """Drop an item the worker no longer holds (call with ``_changed`` held)."""
@@ -490,7 +497,7 @@ class Worker:
                     with self._changed:
                         for attempt in batch:
                             self._forget(attempt.item.id)
-                        self._changed.notify_all()
+                        self._wake_loop_if_needed()
         finally:
             connections.close_all()
 
