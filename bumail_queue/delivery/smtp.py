@@ -247,10 +247,14 @@ class _Message:
 
     @classmethod
     def of(cls, message: bytes) -> _Message:
-        text = _LINE_END.sub(b"\r\n", message)
+        # A stored message is nearly always CRLF already, with no line starting with
+        # "."; counting is far cheaper than the substitutions, so they run only when needed.
+        crlf = message.count(b"\r\n")
+        text = message if message.count(b"\r") == message.count(b"\n") == crlf else _LINE_END.sub(b"\r\n", message)
         if text and not text.endswith(b"\r\n"):
             text += b"\r\n"
-        return cls(data=_LEADING_DOT.sub(b"..", text) + b".\r\n", size=len(text), eight_bit=not message.isascii())
+        stuffed = _LEADING_DOT.sub(b"..", text) if text.startswith(b".") or b"\n." in text else text
+        return cls(data=stuffed + b".\r\n", size=len(text), eight_bit=not message.isascii())
 
 
 class _StepError(Exception):
