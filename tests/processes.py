@@ -7,6 +7,7 @@ the queue service exactly as a worker or a web process on another machine would.
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -20,8 +21,12 @@ def _setup(database: dict[str, Any]) -> None:
     django.setup()
 
 
-def claim_until_empty(database: dict[str, Any], owner: str, limit: int, barrier: Any) -> list[str]:
-    """Claim due items until none is left; return the ids this process got."""
+def claim_until_empty(database: dict[str, Any], owner: str, limit: int, barrier: Any, pause: float = 0.0) -> list[str]:
+    """Claim due items until none is left; return the ids this process got.
+
+    ``pause`` seconds pass between claims, as a worker's deliveries take time between
+    its claims.
+    """
     _setup(database)
     from django.utils import timezone
 
@@ -38,6 +43,17 @@ def claim_until_empty(database: dict[str, Any], owner: str, limit: int, barrier:
         if not claimed:
             return got
         got.extend(item.id for item in claimed)
+        if pause:
+            time.sleep(pause)
+
+
+def claim_until_empty_delivering(database: dict[str, Any], owner: str, limit: int, barrier: Any) -> list[str]:
+    """``claim_until_empty`` with a millisecond of "delivery" after each claim.
+
+    SQLite's wait for its write lock is not fair: a process that claims back to back
+    can take every item before the other's wait ends. Workers deliver between claims.
+    """
+    return claim_until_empty(database, owner, limit, barrier, pause=0.001)
 
 
 def enqueue_many_times(database: dict[str, Any], count: int, max_items: int, barrier: Any) -> tuple[int, int]:

@@ -413,25 +413,53 @@ class ORMStore(QueueStore):
             cursor.execute(self._skip_locked_claim_sql(), [owner, until, until, at, at, limit])
             return list(cursor.fetchall())
 
-    def _claim_compare_and_set(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
-        # SQLite has no row locks: read the due items, then lease only those still due
-        # and free. The UPDATE runs under SQLite's write lock, so of two processes that
-        # read the same items, the second finds them leased and takes none of them; it
-        # then reads again, so a lost race never reads as an empty queue.
+    def _claim_write_locked(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
+        # SQLite has no row locks, but one writer at a time: a transaction begun
+        # IMMEDIATE holds the write lock from its start, so the due items it reads are
+        # still due and free when it leases them, and no claimer ever loses a race.
+        connection = self.connection
+        with self._translated_errors():
+            connection.ensure_connection()
+            with connection.cursor() as cursor:
+                cursor.execute("BEGIN IMMEDIATE")
+                try:
+                    cursor.execute(self._due_sql(), [at, at, limit])
+                    due = dict(cursor.fetchall())
+                    rows: builtins.list[Any] = []
+                    if due:
+                        cursor.execute(self._lease_rows_sql(len(due)), [owner, until, until, *due, at, at])
+                        rows = [(due[row[0]], *row) for row in cursor.fetchall()]
+                except BaseException:
+                    cursor.execute("ROLLBACK")
+                    raise
+                cursor.execute("COMMIT")
+        return rows
+
+    def _lease_rows_sql(self, count: int) -> str:
         q = self._q
+        return (
+            f"{self._lease_sql()} WHERE {q('seq')} IN ({', '.join(['%s'] * count)}) "
+            f"AND {q('next_attempt_at')} <= %s AND ({q('lease_owner')} IS NULL OR {q('lease_expires_at')} <= %s) "
+            f"RETURNING {q('seq')}, {self._select_list()}, {q('rev')}"
+        )
+
+    def _claim_compare_and_set(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
+        # Inside the caller's transaction (a test's, a deliver_due() in a view) the
+        # claim cannot begin its own: read the due items, then lease only those still
+        # due and free. The UPDATE runs under SQLite's write lock, so of two processes
+        # that read the same items, the second finds them leased and takes none of
+        # them; it then reads again, so a lost race never reads as an empty queue.
+        connection = self.connection
+        if not connection.in_atomic_block and connection.get_autocommit():
+            return self._claim_write_locked(owner, until, at, limit)
         for _ in range(_CLAIM_RACES):
             with self._translated_errors(), self.connection.cursor() as cursor:
                 cursor.execute(self._due_sql(), [at, at, limit])
                 due = dict(cursor.fetchall())
             if not due:
                 return []
-            sql = (
-                f"{self._lease_sql()} WHERE {q('seq')} IN ({', '.join(['%s'] * len(due))}) "
-                f"AND {q('next_attempt_at')} <= %s AND ({q('lease_owner')} IS NULL OR {q('lease_expires_at')} <= %s) "
-                f"RETURNING {q('seq')}, {self._select_list()}, {q('rev')}"
-            )
             with self._writing(single_statement=True) as cursor:
-                cursor.execute(sql, [owner, until, until, *due, at, at])
+                cursor.execute(self._lease_rows_sql(len(due)), [owner, until, until, *due, at, at])
                 rows = [(due[row[0]], *row) for row in cursor.fetchall()]
             if rows:
                 return rows

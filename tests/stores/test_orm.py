@@ -75,7 +75,7 @@ def test_four_processes_claim_every_item_exactly_once_on_postgresql(orm_store, i
 @pytest.mark.slow
 def test_two_processes_on_one_sqlite_file_never_take_the_same_item(orm_store):
     add_due_items(orm_store, 2000)
-    results = run_in_processes(processes.claim_until_empty, [(database_for_children(), f"w{n}", 1) for n in range(2)])
+    results = run_in_processes(processes.claim_until_empty_delivering, [(database_for_children(), f"w{n}", 1) for n in range(2)])
     assert_each_claimed_once(orm_store, results, 2000)
 
 
@@ -122,12 +122,15 @@ def test_a_refused_enqueue_leaves_the_callers_transaction_usable(settings):
     assert Item.objects.count() == 1
 
 
-def test_claim_is_one_statement_on_postgresql_and_a_compare_and_set_on_sqlite(orm_store, django_assert_max_num_queries):
+def test_claim_is_one_statement_on_postgresql_and_one_write_locked_transaction_on_sqlite(orm_store, django_assert_num_queries):
     add_due_items(orm_store, 5)
     now = timezone.now()
     orm_store.claim(owner="w1", now=now - timedelta(days=1), lease_until=now, limit=1)  # connects, reads the default level once
-    with django_assert_max_num_queries(1 if connection.vendor == "postgresql" else 2):
+    # SQLite, in the process: BEGIN IMMEDIATE, the due items, their lease, COMMIT.
+    with django_assert_num_queries(1 if connection.vendor == "postgresql" else 4) as queries:
         assert len(orm_store.claim(owner="w1", now=now, lease_until=now + timedelta(minutes=1), limit=10)) == 5
+    if connection.vendor == "sqlite":
+        assert queries.captured_queries[0]["sql"] == "BEGIN IMMEDIATE"
 
 
 @pytest.mark.postgres
