@@ -10,10 +10,10 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from bumail_queue import delivery_log, queue
-from bumail_queue.delivery.envelope import Delivery
-from bumail_queue.items import Outcome, RecipientStatus, Reply
+from bumail_queue.items import Reply
 from bumail_queue.models import DeliveryLog
 from bumail_queue.service import QueueService
+from tests.helpers import ScriptedTransport
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,25 +28,9 @@ LATER = Reply(code=451, status="4.3.0", text="Try again later")
 UNKNOWN = Reply(code=550, status="5.1.1", text="No such user")
 
 
-class Transport:
+def Transport(replies=None):
     """Answers each recipient from ``replies``; 250 for the rest; from relay.example.net."""
-
-    def __init__(self, replies=None):
-        self.replies = replies or {}
-
-    def deliver(self, envelope, *, route, hosts):
-        outcomes = {}
-        for address in envelope.recipients:
-            reply = self.replies.get(address, OK)
-            status = {2: RecipientStatus.DELIVERED, 4: RecipientStatus.DEFERRED, 5: RecipientStatus.FAILED}[reply.code // 100]
-            outcomes[address] = Outcome(status=status, reply=reply)
-        return Delivery(outcomes=outcomes, remote_host="relay.example.net")
-
-    def close_idle(self):
-        pass
-
-    def close(self):
-        pass
+    return ScriptedTransport(replies, default=OK)
 
 
 @pytest.fixture(params=["orm", "memory", pytest.param("redis", marks=pytest.mark.redis)])

@@ -18,13 +18,14 @@ from django.test import override_settings
 
 from bumail_queue import delivery_log, signals
 from bumail_queue.delivery.dns import Destinations
-from bumail_queue.delivery.envelope import Delivery, Host
+from bumail_queue.delivery.envelope import Host
 from bumail_queue.errors import QueueError
-from bumail_queue.items import Outcome, RecipientStatus, Reply
+from bumail_queue.items import RecipientStatus, Reply
 from bumail_queue.models import DeliveryLog
 from bumail_queue.service import QueueService
 from bumail_queue.stores import get_store
 from bumail_queue.worker import Worker
+from tests.helpers import ScriptedTransport
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,34 +36,6 @@ SETTINGS = {"HOSTNAME": "mta.example.com", "ROUTE": SMARTHOST, "RETRY_JITTER": 0
 OK = Reply(code=250, status="2.0.0", text="OK queued")
 LATER = Reply(code=451, status="4.3.0", text="Try again later")
 UNKNOWN = Reply(code=550, status="5.1.1", text="No such user")
-
-
-class ScriptedTransport:
-    """Answers each recipient from ``replies`` (address -> Reply); 250 for the rest."""
-
-    def __init__(self, replies=None, *, on_deliver=None):
-        self.replies = replies or {}
-        self.envelopes = []
-        self.on_deliver = on_deliver
-        self.lock = threading.Lock()
-
-    def deliver(self, envelope, *, route, hosts):
-        with self.lock:
-            self.envelopes.append((envelope, route, tuple(hosts)))
-        if self.on_deliver:
-            self.on_deliver(envelope)
-        outcomes = {}
-        for address in envelope.recipients:
-            reply = self.replies.get(address, OK)
-            status = {2: RecipientStatus.DELIVERED, 4: RecipientStatus.DEFERRED, 5: RecipientStatus.FAILED}[reply.code // 100]
-            outcomes[address] = Outcome(status=status, reply=reply)
-        return Delivery(outcomes=outcomes, remote_host="relay.example.net")
-
-    def close_idle(self):
-        pass
-
-    def close(self):
-        pass
 
 
 @pytest.fixture(autouse=True)

@@ -341,16 +341,21 @@ class ORMStore(QueueStore):
 
     def read_messages(self, item_ids: Iterable[str]) -> dict[str, bytes]:
         """One query for the messages of a batch (a worker reads a claim's at once)."""
+        return self._select_messages(item_ids)
+
+    def _select_messages(self, item_ids: Iterable[str], *, head: int | None = None) -> dict[str, bytes]:
+        """The messages of ``item_ids`` by id, or their first ``head`` bytes, in one query."""
         keys = [key for key in map(self._prep_id, item_ids) if key is not None]
         if not keys:
             return {}
         q = self._q
+        data = q("data") if head is None else f"substr({q('data')}, 1, %s)"
         sql = (
-            f"SELECT {q('item_id')}, {q('data')} FROM {q(self._messages)} "
+            f"SELECT {q('item_id')}, {data} FROM {q(self._messages)} "
             f"WHERE {q('item_id')} IN ({', '.join(['%s'] * len(keys))})"
         )
         with self._translated_errors(), self.connection.cursor() as cursor:
-            cursor.execute(sql, keys)
+            cursor.execute(sql, keys if head is None else [head, *keys])
             return {_id_text(item_id): bytes(data) for item_id, data in cursor.fetchall()}
 
     # -- leases and outcomes ----------------------------------------------------------
@@ -480,11 +485,7 @@ class ORMStore(QueueStore):
             return bool(cursor.rowcount == 1)
 
     def _read_for_complete(self, key: Any) -> tuple[QueueItem, int] | None:
-        sql = f"SELECT {self._select_list()}, {self._q('rev')} FROM {self._q(self._items)} WHERE {self._q('id')} = %s"
-        with self._translated_errors(), self.connection.cursor() as cursor:
-            cursor.execute(sql, [key])
-            row = cursor.fetchone()
-        return None if row is None else (self._row_to_item(row[:-1]), row[-1])
+        return next(iter(self._read_many_for_complete([key]).values()), None)
 
     def complete(self, item_id: str, *, owner: str, result: AttemptResult) -> QueueItem | None:
         self.validate_owner(owner)

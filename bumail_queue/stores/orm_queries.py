@@ -91,19 +91,7 @@ def search(store: ORMStore, query: ItemQuery, *, offset: int, limit: int) -> lis
 
 def read_message_heads(store: ORMStore, item_ids: Sequence[str], *, size: int) -> dict[str, bytes]:
     """Return the first ``size`` bytes of each message, in one statement."""
-    from .orm import _id_text
-
-    keys = [key for key in map(store._prep_id, item_ids) if key is not None]
-    if not keys:
-        return {}
-    q = store._q
-    sql = (
-        f"SELECT {q('item_id')}, substr({q('data')}, 1, %s) FROM {q(store._messages)} "
-        f"WHERE {q('item_id')} IN ({', '.join(['%s'] * len(keys))})"
-    )
-    with store._translated_errors(), store.connection.cursor() as cursor:
-        cursor.execute(sql, [size, *keys])
-        return {_id_text(item_id): bytes(head) for item_id, head in cursor.fetchall()}
+    return store._select_messages(item_ids, head=size)
 
 
 def summary(store: ORMStore, *, now: datetime, age_buckets: Sequence[timedelta]) -> QueueSummary:
