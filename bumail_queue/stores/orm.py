@@ -548,19 +548,14 @@ class ORMStore(QueueStore):
                 else:
                     contested.append((item_id, result))
             dropped = self._drop_finished(owner, [(keys[item_id], rev) for item_id, (_, rev) in finished.items()])
+        result_of = dict(results)
         for item_id, (recorded, _) in finished.items():
             if item_id in dropped:
                 done[item_id] = recorded
             else:
-                contested.append((item_id, dict(results)[item_id]))
+                contested.append((item_id, result_of[item_id]))
         # Changed between the read and the write: each goes the single way, which reads again.
-        for item_id, result in contested:
-            try:
-                done[item_id] = self.complete(item_id, owner=owner, result=result)
-            except QueueError as error:
-                if error.code != ErrorCode.LEASE_LOST:
-                    raise
-                done[item_id] = error
+        done.update(zip((item_id for item_id, _ in contested), super().complete_many(owner, contested), strict=True))
         return [done[item_id] for item_id, _ in results]
 
     def _drop_finished(self, owner: str, held: builtins.list[tuple[Any, int]]) -> set[str]:
