@@ -3,15 +3,15 @@
 One ``Worker`` runs one claim loop in the calling thread and delivers on a pool of
 ``CONCURRENCY`` threads (SMTP is I/O, and ``smtplib`` blocks). The loop:
 
-1. claims a batch of due items when fewer than ``CONCURRENCY`` wait to start, up to
-   ``max(CONCURRENCY, CLAIM_BATCH_SIZE)`` waiting;
+1. claims up to ``CLAIM_BATCH_SIZE`` due items once fewer than half a batch (or
+   ``CONCURRENCY``) wait to start, so the claim overlaps the last deliveries;
 2. starts each on a thread once its destinations have a free ``DOMAIN_CONCURRENCY``
    slot (an item waiting for a busy domain never blocks the others);
 3. sleeps until a delivery ends, the store announces new work, or ``POLL_SECONDS``.
 
 A delivery thread hands its attempt to the recorder thread and takes the next item
-while the outcome is written: the recorder writes every attempt that ended meanwhile
-in one commit, then sends their signals and DSNs. A side thread renews every held
+while the outcome is written: the recorder lets a batch fill while sessions are under
+way, writes it in one commit, then sends the signals and DSNs. A side thread renews every held
 lease each third of ``LEASE_SECONDS``. ``stop()`` claims nothing more, lets
 deliveries under way end and records them, and gives back what was claimed but not
 started: due at once, no attempt counted.
@@ -51,6 +51,10 @@ logger = logging.getLogger(__name__)
 
 RECORD_BATCH_LIMIT = 200
 """The most attempts the recorder writes in one commit."""
+
+RECORD_LINGER_SECONDS = 0.02
+"""How long the recorder lets a batch fill while sessions are under way; it records
+at once when none is."""
 
 RECORD_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0)
 """Seconds between the tries of a record the store refused as unavailable."""
@@ -190,6 +194,12 @@ class Worker:
         self._prefetched: dict[str, bytes] = {}
         self._busy: Counter[str] = Counter()
         self._lease_until: dict[str, datetime] = {}
+        # The last claim took fewer items than it asked for: the queue had no more due,
+        # so finished sessions need not wake the loop to claim until mail is announced.
+        self._drained = False
+        # Set while no session is under way: the recorder stops waiting for more.
+        self._sessions_idle = threading.Event()
+        self._sessions_idle.set()
 
     def _default_transport(self) -> Transport:
         from bumail_queue.delivery.smtp import SMTPTransport
@@ -236,6 +246,7 @@ class Worker:
     def wake(self) -> None:
         """Make an idle loop look for due items now (new mail was queued)."""
         with self._changed:
+            self._drained = False
             self._changed.notify_all()
 
     def run_until_idle(self) -> Stats:
@@ -276,7 +287,7 @@ class Worker:
             close_broken_connections()
             claimed = self._claim()
             self._start_what_fits(pool)
-            if claimed:
+            if claimed and not self._drained:
                 continue
             with self._changed:
                 if self.burst and not self._waiting and not self._in_flight:
@@ -296,13 +307,23 @@ class Worker:
             logger.info("stopping after the deliveries under way owner=%s", self.owner, extra={"action": "stop"})
             self.stop()
 
+    @property
+    def _refill_below(self) -> int:
+        """Claim again once fewer items than this wait to start.
+
+        Half a batch ahead, so the next claim runs while the delivery threads work
+        through what is left; claiming only once nothing waits would leave them idle
+        for a claim's round trips every batch.
+        """
+        return max(self.concurrency, self.settings.claim_batch_size // 2)
+
     def _free_slots(self) -> int:
         # Claim in batches (a claim is a commit), and only once the items waiting run
         # low, so a worker never hoards more than one batch beyond what it delivers.
         with self._changed:
-            if len(self._waiting) >= self.concurrency:
+            if len(self._waiting) >= self._refill_below:
                 return 0
-            return max(self.concurrency, self.settings.claim_batch_size) - len(self._waiting)
+            return self._refill_below + self.settings.claim_batch_size - len(self._waiting)
 
     def _claim(self) -> list[QueueItem]:
         free = self._free_slots()
@@ -310,16 +331,16 @@ class Worker:
             return []
         now = self.clock()
         until = now + self.settings.lease
+        limit = min(free, self.settings.claim_batch_size)
         try:
-            claimed = self.store.claim(
-                owner=self.owner, now=now, lease_until=until, limit=min(free, self.settings.claim_batch_size)
-            )
+            claimed = self.store.claim(owner=self.owner, now=now, lease_until=until, limit=limit)
         except QueueError as error:
             self._report_error(error, None)
             self._stopping.wait(min(self.settings.poll_seconds, 5))
             return []
         prefetched = self._prefetch(claimed)
         with self._changed:
+            self._drained = len(claimed) < limit
             self._waiting.extend((item, self._limit_keys(item)) for item in claimed)
             self._prefetched.update(prefetched)
             for item in claimed:
@@ -362,6 +383,7 @@ class Worker:
                 self._busy.update(keys)
                 self._in_flight[item.id] = item
                 sessions += 1
+                self._sessions_idle.clear()
                 pool.submit(functools.partial(self._deliver, item, keys, pool))
             self._waiting = still_waiting
 
@@ -374,14 +396,17 @@ class Worker:
                 self._ended.add(item.id)
             else:
                 self._forget(item.id)
+            self._start_what_fits(pool)  # before the recorder can see no session under way
+            if len(self._in_flight) == len(self._ended):
+                self._sessions_idle.set()
             self._wake_loop_if_needed()
-        self._start_what_fits(pool)
 
     def _wake_loop_if_needed(self) -> None:
         """Wake the loop when it has something to do (call with ``_changed`` held): claim
         more, or see that nothing is left in flight. Not on every delivery: a loop that
         wakes for nothing costs the delivery threads the GIL."""
-        if len(self._waiting) < self.concurrency or not self._in_flight or self._stopping.is_set():
+        refill = len(self._waiting) < self._refill_below and not self._drained
+        if refill or not self._in_flight or self._stopping.is_set():
             self._changed.notify_all()
 
     def _forget(self, item_id: str) -> None:
@@ -477,6 +502,10 @@ class Worker:
         try:
             while (first := self._to_record.get()) is not None:
                 batch = [first]
+                # Let the batch fill while sessions are under way: a commit per few
+                # attempts costs the database and this process far more than the
+                # milliseconds the outcomes wait (the leases hold meanwhile).
+                self._sessions_idle.wait(RECORD_LINGER_SECONDS)
                 while len(batch) < RECORD_BATCH_LIMIT:
                     try:
                         attempt = self._to_record.get_nowait()

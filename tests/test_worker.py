@@ -317,3 +317,67 @@ def test_a_record_the_store_refuses_as_unavailable_is_tried_again(told, monkeypa
     assert stats.delivered == 1
     assert [name for name, _ in told] == ["delivered"]  # recorded, so never sent again
     assert store.get(item.id) is None
+
+
+def spy_on_claims(monkeypatch, store, on_claim=None):
+    """Record how many items each claim of ``store`` took."""
+    real = store.claim
+    claims = []
+
+    def claim(**kwargs):
+        taken = real(**kwargs)
+        claims.append(len(taken))
+        if on_claim:
+            on_claim(claims)
+        return taken
+
+    monkeypatch.setattr(store, "claim", claim)
+    return claims
+
+
+def test_the_next_batch_is_claimed_while_the_last_of_one_is_delivered(monkeypatch):
+    with override_settings(BUMAIL_QUEUE={**SETTINGS, "CLAIM_BATCH_SIZE": 4}):
+        for n in range(8):
+            enqueue([f"user{n}@example.org"])
+        store = get_store()
+        claimed_again = threading.Event()
+        claims = spy_on_claims(monkeypatch, store, lambda claims: len(claims) == 2 and claimed_again.set())
+        overlapped = []
+
+        def third_of_the_first_batch(envelope):
+            if len(transport.envelopes) == 3:  # its session waits for the second claim
+                overlapped.append(claimed_again.wait(5))
+
+        transport = ScriptedTransport(on_deliver=third_of_the_first_batch)
+        stats = Worker(store=store, transport=transport, clock=lambda: T0, concurrency=1, burst=True).run()
+    assert stats.delivered == 8
+    assert overlapped == [True]  # claimed with one item still waiting, not once none did
+    assert claims[:2] == [4, 4]
+
+
+def test_a_worker_that_emptied_the_queue_does_not_claim_again_after_each_delivery(monkeypatch):
+    for n in range(5):
+        enqueue([f"user{n}@example.org"])
+    store = get_store()
+    claims = spy_on_claims(monkeypatch, store)
+    stats = Worker(store=store, transport=ScriptedTransport(), clock=lambda: T0, concurrency=1, burst=True).run()
+    assert stats.delivered == 5
+    assert claims == [5, 0]  # the batch, then the look that ends the burst
+
+
+def test_attempts_that_end_while_sessions_are_under_way_are_recorded_together(told, monkeypatch):
+    items = [enqueue([f"user{n}@example.org"]) for n in range(10)]
+    store = get_store()
+    real = store.complete_many
+    batches = []
+    monkeypatch.setattr(store, "complete_many", lambda owner, results: (batches.append(len(results)), real(owner, results))[1])
+    # Long enough that only the end of the sessions, not the clock, ends the wait.
+    monkeypatch.setattr("bumail_queue.worker.RECORD_LINGER_SECONDS", 30)
+    # Each session takes a little while, as over a network, and lets the recorder run.
+    transport = ScriptedTransport(on_deliver=lambda envelope: time.sleep(0.01))
+    stats = Worker(store=store, transport=transport, clock=lambda: T0, concurrency=1, burst=True).run()
+    assert stats.delivered == 10
+    assert sum(batches) == 10
+    assert batches[0] >= 9 and len(batches) <= 2  # not a commit per attempt
+    assert [name for name, _ in told] == ["delivered"] * 10
+    assert all(store.get(item.id) is None for item in items)

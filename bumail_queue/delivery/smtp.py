@@ -396,8 +396,9 @@ class SMTPTransport:
         self._hostname = hostname
         self._timeouts = timeouts
         self._reuse_seconds = max(0.0, reuse_seconds)
-        self._verified = ssl_context if ssl_context is not None else ssl.create_default_context()
-        self._unverified = _unverified_context()
+        # Made when a session first needs TLS: loading the system's CA certificates
+        # takes tens of milliseconds, which a worker relaying in plain text never needs.
+        self._contexts: dict[bool, ssl.SSLContext] = {} if ssl_context is None else {True: ssl_context}
         self._clock = clock
         self._lock = threading.Lock()
         self._pool: dict[_Key, list[_Session]] = {}
@@ -526,7 +527,15 @@ class SMTPTransport:
         timeout = self._timeout(step, deadline, when)
         if conn.sock is None:
             raise smtplib.SMTPServerDisconnected("not connected")
-        conn.sock.settimeout(timeout)
+        if conn.sock.gettimeout() != timeout:  # settimeout() costs two system calls
+            conn.sock.settimeout(timeout)
+
+    def _tls_context(self, *, verify: bool) -> ssl.SSLContext:
+        with self._lock:
+            context = self._contexts.get(verify)
+            if context is None:
+                context = self._contexts[verify] = ssl.create_default_context() if verify else _unverified_context()
+            return context
 
     def _session(self, host: Host, policy: _Policy, route: Route, item_id: str, deadline: float) -> _Session:
         key = _Key(host.name.lower(), host.address, host.port, policy)
@@ -551,13 +560,12 @@ class SMTPTransport:
         """Open a session with ``host`` up to AUTH; raise ``_StepError`` to try the next host."""
         policy = key.policy
         t = self._timeouts
-        context = self._verified if policy.verify else self._unverified
         conn = _Connection(
             local_hostname=self._hostname,
             address=host.address,
             connect_timeout=self._timeout(t.connect, deadline, "before connecting"),
             greeting_timeout=lambda: self._timeout(t.greeting, deadline, "before the greeting"),
-            implicit_tls=context if policy.tls is _TLS.IMPLICIT else None,
+            implicit_tls=self._tls_context(verify=policy.verify) if policy.tls is _TLS.IMPLICIT else None,
         )
         try:
             try:
@@ -574,7 +582,8 @@ class SMTPTransport:
                 raise _StepError.of_reply(code, raw, when="as the greeting")
             self._hello(conn, host, item_id, deadline)
             tls_wanted = policy.tls in (_TLS.STARTTLS, _TLS.OPPORTUNISTIC) and starttls
-            if tls_wanted and not self._starttls(conn, host, policy, context, item_id, deadline):
+            context = self._tls_context(verify=policy.verify) if tls_wanted else None
+            if context is not None and not self._starttls(conn, host, policy, context, item_id, deadline):
                 conn.close()  # an opportunistic handshake failed: again, without STARTTLS
                 return self._connect(host, key, route, item_id, deadline, starttls=False)
             if policy.username is not None:
