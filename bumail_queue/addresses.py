@@ -19,11 +19,18 @@ MAX_LOCAL_PART = 64
 MAX_DOMAIN = 255
 MAX_PATH = 256  # including the angle brackets
 
-_ATEXT = r"[A-Za-z0-9!#$%&'*+\-/=?^_`{|}~\u0080-\U0010ffff]"
+# The classes are written as what they exclude: "any character but these" compiles
+# in microseconds, where a range up to U+10FFFF costs the regex compiler milliseconds
+# in every process that imports this module.
+# atext (RFC 5322 §3.2.3) or any non-ASCII character (RFC 6531).
+_ATEXT = r'[^\x00-\x20\x7f"(),.:;<>@\[\\\]]'
 _DOT_STRING = re.compile(rf"{_ATEXT}+(?:\.{_ATEXT}+)*")
-# qtextSMTP is %d32-33 / %d35-91 / %d93-126; quoted-pairSMTP is "\" %d32-126.
-_QUOTED_STRING = re.compile(r'"(?:[\x20\x21\x23-\x5b\x5d-\x7e\u0080-\U0010ffff]|\\[\x20-\x7e])*"')
-_LABEL = re.compile(r"[A-Za-z0-9\u0080-\U0010ffff](?:[A-Za-z0-9\-\u0080-\U0010ffff]*[A-Za-z0-9\u0080-\U0010ffff])?")
+# qtextSMTP is %d32-33 / %d35-91 / %d93-126, or non-ASCII; quoted-pairSMTP is "\" %d32-126.
+_QUOTED_STRING = re.compile(r'"(?:[^\x00-\x1f\x7f"\\]|\\[\x20-\x7e])*"')
+# A label: letters, digits or non-ASCII, with hyphens inside.
+_LET_DIG = r"[^\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]"
+_LDH = r"[^\x00-\x2c\x2e\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]"
+_LABEL = re.compile(rf"{_LET_DIG}(?:{_LDH}*{_LET_DIG})?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _GENERAL_LITERAL = re.compile(r"[A-Za-z0-9-]*[A-Za-z0-9]:[\x21-\x5a\x5e-\x7e]+")
 
