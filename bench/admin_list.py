@@ -26,48 +26,24 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.run import (  # noqa: E402 - the path above comes first
+    DEFAULT_POSTGRES,
+    create_bench_database,
+    drop_bench_database,
+    postgres_bench_url,
+)
+
 DATABASE = "bumail_bench_admin"
-DEFAULT_POSTGRES = "postgres://postgres@127.0.0.1:5432/postgres"
 MESSAGE = (
     "From: Shop Example <shop@example.com>\r\nTo: someone@example.org\r\nSubject: Your order has shipped\r\n"
     "MIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\nMessage-ID: <bench@example.com>\r\n\r\n"
     + "Your parcel is on its way and should arrive within three working days.\r\n" * 12
 ).encode()
-
-
-def _with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{name}"))
-
-
-def _admin_connection(url: str) -> Any:
-    import psycopg
-
-    parts = urlsplit(url)
-    return psycopg.connect(
-        host=parts.hostname or "127.0.0.1", port=parts.port or 5432, user=parts.username or "postgres",
-        password=parts.password, dbname=(parts.path or "/postgres").lstrip("/") or "postgres", autocommit=True,
-    )  # fmt: skip
-
-
-def create_database(url: str) -> None:
-    with _admin_connection(url) as connection:
-        connection.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
-        connection.execute(f"CREATE DATABASE {DATABASE}")
-
-
-def drop_database(url: str) -> None:
-    from django.db import connections
-
-    connections.close_all()
-    with _admin_connection(url) as connection:
-        connection.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
 
 
 def fill(count: int) -> None:
@@ -123,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--postgres", default=os.environ.get("BUMAIL_TEST_POSTGRES_URL", DEFAULT_POSTGRES))
     args = parser.parse_args(argv)
 
-    create_database(args.postgres)
-    os.environ["BENCH_DATABASE_URL"] = _with_database(args.postgres, DATABASE)
+    os.environ["BENCH_DATABASE_URL"] = postgres_bench_url(args.postgres, DATABASE)
+    create_bench_database(args.postgres, DATABASE)
     os.environ["DJANGO_SETTINGS_MODULE"] = "bench.admin_settings"
     import django
 
@@ -158,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
             median, slowest, queries = measure(client, url, args.rounds)
             print(f"| {label} | {median * 1000:.0f} ms | {slowest * 1000:.0f} ms | {queries} |")
     finally:
-        drop_database(args.postgres)
+        from django.db import connections
+
+        connections.close_all()  # a database in use cannot be dropped
+        drop_bench_database(args.postgres, DATABASE)
     return 0
 
 

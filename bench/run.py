@@ -589,13 +589,13 @@ def migrate(database_url: str) -> None:
     call_command("migrate", verbosity=0, interactive=False)
 
 
-def postgres_bench_url(server_url: str) -> str:
+def postgres_bench_url(server_url: str, database: str = BENCH_DATABASE) -> str:
     parts = urlsplit(server_url)
     if parts.scheme not in ("postgres", "postgresql", "pgsql"):
         raise BenchError(f"--postgres must be a postgres:// URL; got scheme {parts.scheme!r}.")
-    if parts.path.lstrip("/") == BENCH_DATABASE:
-        raise BenchError(f"--postgres must name a database other than {BENCH_DATABASE!r} to connect to first.")
-    return urlunsplit(parts._replace(path=f"/{BENCH_DATABASE}"))
+    if parts.path.lstrip("/") == database:
+        raise BenchError(f"--postgres must name a database other than {database!r} to connect to first.")
+    return urlunsplit(parts._replace(path=f"/{database}"))
 
 
 def _admin_connection(server_url: str) -> Any:
@@ -616,21 +616,21 @@ def _admin_connection(server_url: str) -> Any:
         raise BenchError(f"PostgreSQL at {parts.hostname}:{parts.port or 5432} cannot be reached: {error}") from error
 
 
-def create_bench_database(server_url: str) -> None:
-    """Create ``bumail_bench`` anew (dropping one an interrupted run left)."""
+def create_bench_database(server_url: str, database: str = BENCH_DATABASE) -> None:
+    """Create ``database`` anew (dropping one an interrupted run left)."""
     from psycopg import sql
 
     with _admin_connection(server_url) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(BENCH_DATABASE)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(BENCH_DATABASE)))
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(database)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
 
 
-def drop_bench_database(server_url: str) -> None:
+def drop_bench_database(server_url: str, database: str = BENCH_DATABASE) -> None:
     from psycopg import sql
 
     with _admin_connection(server_url) as conn:
         force = " WITH (FORCE)" if conn.info.server_version >= 130000 else ""
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}" + force).format(sql.Identifier(BENCH_DATABASE)))
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}" + force).format(sql.Identifier(database)))
 
 
 # -- the run ------------------------------------------------------------------------------

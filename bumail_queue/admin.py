@@ -45,7 +45,7 @@ from django.utils.translation import gettext_lazy, ngettext
 
 from . import delivery_log
 from .conf import get_settings
-from .items import QueueItem, Recipient, RecipientStatus
+from .items import QueueItem, Recipient, RecipientStatus, reply_line
 from .models import DeliveryLog, Item
 from .preview import HeadSummary, preview, srcdoc_for, summarize_head
 from .queries import ItemState, QueueSummary, bucket_labels, state_of
@@ -119,11 +119,7 @@ class ItemRow:
 
 
 def _reply_line(recipient: Recipient) -> str:
-    reply = recipient.reply
-    if reply is None:
-        return ""
-    text = reply.text if reply.text.startswith(reply.status) else f"{reply.status} {reply.text}"
-    return text if reply.code is None else f"{reply.code} {text}"
+    return "" if recipient.reply is None else reply_line(recipient.reply)
 
 
 def _recipient_rows(recipients: Sequence[Recipient], hosts: dict[str, str] | None = None) -> list[RecipientRow]:
@@ -156,16 +152,9 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
     def count(self) -> int:
         object_list = self.object_list
         if isinstance(object_list, QuerySet) and not object_list.query.where:
-            connection = connections[object_list.db]
-            if connection.vendor == "postgresql":
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)",
-                        [object_list.model._meta.db_table],
-                    )
-                    row = cursor.fetchone()
-                if row is not None and row[0] is not None and row[0] >= orm_queries.EXACT_COUNT_BELOW:
-                    return int(row[0])
+            estimate = orm_queries.planner_estimate(connections[object_list.db], object_list.model._meta.db_table)
+            if estimate is not None:
+                return estimate
         return super().count
 
 
@@ -214,6 +203,7 @@ class ItemAdmin(_ItemAdminBase):
         return HttpResponseRedirect(self._url("change", object_id))
 
     def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+        log_url = self._log_url()
         return {
             **self.admin_site.each_context(request),
             "title": title,
@@ -224,8 +214,8 @@ class ItemAdmin(_ItemAdminBase):
             "can_cancel": self.has_delete_permission(request),
             "changelist_url": self._url("changelist"),
             "overview_url": self._url("overview"),
-            "log_url": self._log_url(),
-            "can_view_log": request.user.has_perm("bumail_queue.view_deliverylog") and self._log_url() is not None,
+            "log_url": log_url,
+            "can_view_log": request.user.has_perm("bumail_queue.view_deliverylog") and log_url is not None,
             **extra,
         }
 
@@ -248,8 +238,7 @@ class ItemAdmin(_ItemAdminBase):
         # One item more than the page: whether there is a next page, without a count.
         found = queue.search(state=state, domain=domain or None, text=text or None, offset=(page - 1) * per_page, limit=per_page + 1)
         items, has_next = found[:per_page], len(found) > per_page
-        heads = queue.store.read_message_heads([item.id for item in items], size=HEAD_BYTES)
-        rows = [self._row(item, heads.get(item.id), now) for item in items]
+        rows = self._rows(items, now)
         filtered = bool(state or domain or text)
         total = None if filtered else queue.store.estimated_count()
         params = {key: value for key, value in (("state", state or ""), ("domain", domain), ("q", text)) if value}
@@ -282,6 +271,11 @@ class ItemAdmin(_ItemAdminBase):
             **(extra_context or {}),
         )
         return TemplateResponse(request, "admin/bumail_queue/item/change_list.html", context)
+
+    def _rows(self, items: list[QueueItem], now: datetime) -> list[ItemRow]:
+        """The rows of ``items``, their subjects read in one call to the store."""
+        heads = queue.store.read_message_heads([item.id for item in items], size=HEAD_BYTES)
+        return [self._row(item, heads.get(item.id), now) for item in items]
 
     def _row(self, item: QueueItem, head: bytes | None, now: datetime) -> ItemRow:
         return ItemRow(
@@ -357,8 +351,7 @@ class ItemAdmin(_ItemAdminBase):
     def _confirm_cancel(self, request: HttpRequest, ids: list[str], back: str) -> HttpResponse:
         now = timezone.now()
         items = [item for item in map(queue.get, ids) if item is not None]
-        heads = queue.store.read_message_heads([item.id for item in items], size=HEAD_BYTES)
-        rows = [self._row(item, heads.get(item.id), now) for item in items]
+        rows = self._rows(items, now)
         context = self._context(
             request,
             _("Cancel these items?"),
@@ -484,7 +477,6 @@ class DeliveryLogAdmin(_LogAdminBase):
     list_filter = ("status",)
     search_fields = ("recipient", "sender")
     search_help_text = gettext_lazy("An address (or part of one), or an item id.")
-    ordering = ("-logged_at", "-id")
     list_per_page = 100
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # counts per status would scan a large log

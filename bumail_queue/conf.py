@@ -157,8 +157,8 @@ class QueueSettings:
     connection_reuse_seconds: float
     claim_batch_size: int
     poll_seconds: float
-    delivery_log: bool = True
-    delivery_log_retention: timedelta | None = timedelta(days=30)
+    delivery_log: bool
+    delivery_log_retention: timedelta | None
 
     @property
     def lease(self) -> timedelta:

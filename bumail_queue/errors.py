@@ -54,6 +54,12 @@ class QueueError(Exception):
         return f"{type(self).__name__}({self.code.value!r}, {self.message!r})"
 
 
+def first_line(error: BaseException) -> str:
+    """Return the first line of ``error``'s text (a driver's message may run to many), or its type."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class QueueConfigurationError(QueueError, ImproperlyConfigured):
     """``BUMAIL_QUEUE`` (or a mailer's ``OPTIONS``) is wrong; code ``INVALID_OPTION``."""
 

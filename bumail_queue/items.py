@@ -54,6 +54,12 @@ class Reply:
         )
 
 
+def reply_line(reply: Reply) -> str:
+    """Return a reply as one line, ``550 5.1.1 No such user``, the status code said once."""
+    text = reply.text if reply.text.startswith(reply.status) else f"{reply.status} {reply.text}"
+    return text if reply.code is None else f"{reply.code} {text}"
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Recipient:
     """One recipient of an item and its own state."""

@@ -17,7 +17,7 @@ import email.message
 import email.policy
 import html
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from email.parser import BytesParser
 
 import nh3
@@ -135,16 +135,19 @@ def _limited(text: str | None) -> tuple[str | None, bool]:
     return text[:BODY_LIMIT], True
 
 
-def _attachments(message: email.message.EmailMessage) -> tuple[list[Attachment], dict[str, str]]:
-    """Return the message's files, and its inline images as data: URIs by Content-ID."""
+def _attachments(
+    message: email.message.EmailMessage, bodies: Sequence[email.message.EmailMessage | None]
+) -> tuple[list[Attachment], dict[str, str]]:
+    """Return the message's files (its ``bodies`` aside), and its inline images as
+    data: URIs by Content-ID."""
     found: list[Attachment] = []
     images: dict[str, str] = {}
     budget = INLINE_IMAGES_LIMIT
     if not message.is_multipart():
         return found, images
-    bodies = {id(part) for part in (_body(message, "plain"), _body(message, "html")) if part is not None}
+    body_ids = {id(part) for part in bodies if part is not None}
     for part in message.walk():
-        if part.is_multipart() or id(part) in bodies:
+        if part.is_multipart() or id(part) in body_ids:
             continue
         payload = part.get_payload(decode=True)
         data = payload if isinstance(payload, bytes) else b""
@@ -199,7 +202,7 @@ def preview(data: bytes) -> MessagePreview:
     text_part, html_part = _body(message, "plain"), _body(message, "html")
     text, text_cut = _limited(None if text_part is None else _content(text_part))
     markup, html_cut = _limited(None if html_part is None else _content(html_part))
-    attachments, images = _attachments(message)
+    attachments, images = _attachments(message, (text_part, html_part))
     return MessagePreview(
         headers=headers,
         subject=_header_text(message, "Subject"),

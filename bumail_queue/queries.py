@@ -21,6 +21,9 @@ from .items import QueueItem
 #: The age buckets of the queue's shape, as Postfix's ``qshape`` draws them: an item
 #: younger than the first bound is in the first bucket, one older than the last in
 #: the last ("1280+ minutes").
+#: How much of each message a text search reads for its header block, in every store.
+SEARCH_HEAD_BYTES = 8192
+
 AGE_BUCKETS: tuple[timedelta, ...] = tuple(timedelta(minutes=m) for m in (5, 10, 20, 40, 80, 160, 320, 640, 1280))
 
 
@@ -74,11 +77,6 @@ class ItemQuery:
         domain = domain_of("@" + self.domain.strip()) if self.domain and self.domain.strip() else None
         object.__setattr__(self, "text", text)
         object.__setattr__(self, "domain", domain or None)
-
-    @property
-    def is_everything(self) -> bool:
-        """Return whether the query filters nothing out."""
-        return self.state is None and self.domain is None and self.text is None
 
     def matches(self, item: QueueItem, *, text: bool = True) -> bool:
         """Return whether ``item`` matches on the fields every store must look at.

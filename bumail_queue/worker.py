@@ -43,7 +43,14 @@ from bumail_queue.delivery.envelope import Delivery, Envelope, Host
 from bumail_queue.delivery.retry import has_expired, is_delay_due, retry_delay
 from bumail_queue.delivery.routes import Destination, group_by_destination
 from bumail_queue.errors import ErrorCode, QueueError
-from bumail_queue.items import AttemptResult, Outcome, QueueItem, RecipientStatus, Reply
+from bumail_queue.items import (
+    AttemptResult,
+    Outcome,
+    QueueItem,
+    RecipientStatus,
+    Reply,
+    reply_line,
+)
 from bumail_queue.stores import QueueStore, get_store
 from bumail_queue.stores.base import WorkListener
 
@@ -371,7 +378,7 @@ class Worker:
         with self._changed:
             if self.stopping:
                 return  # what waits is given back, not started
-            sessions = len(self._in_flight) - len(self._ended)
+            sessions = self._sessions_under_way()
             still_waiting = []
             for index, (item, keys) in enumerate(self._waiting):
                 if sessions >= self.concurrency:
@@ -397,9 +404,14 @@ class Worker:
             else:
                 self._forget(item.id)
             self._start_what_fits(pool)  # before the recorder can see no session under way
-            if len(self._in_flight) == len(self._ended):
+            if not self._sessions_under_way():
                 self._sessions_idle.set()
             self._wake_loop_if_needed()
+
+    def _sessions_under_way(self) -> int:
+        """How many items are being delivered (call with ``_changed`` held): started,
+        their session not yet ended."""
+        return len(self._in_flight) - len(self._ended)
 
     def _wake_loop_if_needed(self) -> None:
         """Wake the loop when it has something to do (call with ``_changed`` held): claim
@@ -483,7 +495,6 @@ class Worker:
     # -- one item ---------------------------------------------------------------------
 
     def _deliver(self, item: QueueItem, keys: set[str], pool: _Pool) -> None:
-        close_broken_connections()
         attempt = None
         try:
             attempt = self.attempt(item)
@@ -535,6 +546,7 @@ class Worker:
         with self._changed:
             message = self._prefetched.pop(item.id, None)
         if message is None:
+            close_broken_connections()  # the only database use of a delivery thread
             message = self.store.read_message(item.id)
         if message is None:
             if self.store.get(item.id) is None:
@@ -742,10 +754,3 @@ def _days(span: timedelta) -> str:
     if days == 1:
         return "1 day"
     return f"{days:g} days" if days > 1 else f"{span.total_seconds():g} seconds"
-
-
-def reply_line(reply: Reply) -> str:
-    """Return a reply as one line, ``550 5.1.1 No such user``, the status code said once."""
-    text = reply.text if reply.text.startswith(reply.status) else f"{reply.status} {reply.text}"
-    return text if reply.code is None else f"{reply.code} {text}"
-

@@ -453,28 +453,19 @@ class SMTPTransport:
                 if last is None:
                     last = self._expired("before connecting")
                 break
-            try:
-                session = self._session(host, policy, route, envelope.item_id, deadline)
-            except _StepError as failure:
-                last, last_host = failure, host
-                if failure.reply.code is None:  # a server's reply was logged with its step
-                    logger.debug("%s %s: %s", envelope.item_id, host, failure.reply.text)
-                continue
-            except _RouteRefusedError as failure:
-                self._option_failed(failure.error, pending, outcomes)
-                return finish(host.name, failure.error)
-            while not self._transact(session, envelope, message, pending, outcomes, deadline):
-                # A pooled connection had gone stale: the next pooled one, or a new one.
+            while True:  # again while a pooled connection turns out stale: the next, or a new one
                 try:
                     session = self._session(host, policy, route, envelope.item_id, deadline)
                 except _StepError as failure:
                     last, last_host = failure, host
+                    if failure.reply.code is None:  # a server's reply was logged with its step
+                        logger.debug("%s %s: %s", envelope.item_id, host, failure.reply.text)
                     break
                 except _RouteRefusedError as failure:
                     self._option_failed(failure.error, pending, outcomes)
                     return finish(host.name, failure.error)
-            else:
-                return finish(host.name)
+                if self._transact(session, envelope, message, pending, outcomes, deadline):
+                    return finish(host.name)
 
         if last is None:
             last = _StepError(_own("4.4.4", "There is no host to deliver to."))
@@ -888,6 +879,21 @@ class SMTPTransport:
             # Not one recipient was decided: another transaction would get the same.
             outcomes.update((r, too_many) for r in left)
             left = []
+        self._after_data(session, item_id, code, raw, message, accepted, outcomes, deadline)
+        return left
+
+    def _after_data(
+        self,
+        session: _Session,
+        item_id: str,
+        code: int,
+        raw: bytes,
+        message: _Message,
+        accepted: list[str],
+        outcomes: dict[str, Outcome],
+        deadline: float,
+    ) -> None:
+        """Act on the reply to DATA: send the message after a 354, else it decides ``accepted``."""
         if code == 354:
             if accepted:
                 self._send_message(session, item_id, message, accepted, outcomes, deadline)
@@ -898,7 +904,6 @@ class SMTPTransport:
         else:
             outcome = _outcome(code, raw)
             outcomes.update((r, outcome) for r in accepted)
-        return left
 
     def _end_empty_data(self, session: _Session, item_id: str, deadline: float) -> None:
         # DATA went with the recipients, every one was refused, and yet the server
@@ -941,7 +946,8 @@ class SMTPTransport:
             outcomes.update((r, too_many) for r in left)
             left = []
         if accepted:
-            self._data(session, item_id, message, accepted, outcomes, deadline)
+            code, raw = self._command(session, item_id, t.data, deadline, "DATA")
+            self._after_data(session, item_id, code, raw, message, accepted, outcomes, deadline)
         elif not left:
             self._rset(session, item_id, deadline)  # no DATA: close the transaction (the next one starts with RSET)
         return left
@@ -950,18 +956,6 @@ class SMTPTransport:
         code, raw = self._command(session, item_id, self._timeouts.mail, deadline, "RSET")
         if not 200 <= code < 300:
             raise _StepError.of_reply(code, raw, when="to RSET")
-
-    def _data(
-        self, session: _Session, item_id: str, message: _Message, accepted: list[str], outcomes: dict[str, Outcome], deadline: float
-    ) -> None:
-        code, raw = self._command(session, item_id, self._timeouts.data, deadline, "DATA")
-        if code != 354:
-            if 200 <= code < 300:
-                raise _StepError.protocol(code, raw, when="to DATA")
-            outcome = _outcome(code, raw)
-            outcomes.update((r, outcome) for r in accepted)
-            return
-        self._send_message(session, item_id, message, accepted, outcomes, deadline)
 
     def _send_message(
         self, session: _Session, item_id: str, message: _Message, accepted: list[str], outcomes: dict[str, Outcome], deadline: float

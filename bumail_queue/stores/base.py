@@ -177,12 +177,7 @@ class QueueStore(abc.ABC):
         An id without a message (unknown, gone, lost) is left out. For the admin's
         list, which shows each item's subject without reading whole messages.
         """
-        heads = {}
-        for item_id in item_ids:
-            data = self.read_message(item_id)
-            if data is not None:
-                heads[item_id] = data[:size]
-        return heads
+        return {item_id: data[:size] for item_id, data in self.read_messages(item_ids).items()}
 
     def summary(self, *, now: datetime, age_buckets: Sequence[timedelta] = AGE_BUCKETS) -> QueueSummary:
         """Return the counts by state, the oldest item and the queue's shape at ``now``."""

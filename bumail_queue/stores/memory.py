@@ -11,7 +11,7 @@ from datetime import datetime
 
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, QueueItem
-from bumail_queue.queries import ItemQuery, headers_contain
+from bumail_queue.queries import SEARCH_HEAD_BYTES, ItemQuery, headers_contain
 
 from .base import QueueStore
 
@@ -94,7 +94,7 @@ class MemoryStore(QueueStore):
                     and query.item_id is None
                     and e.message is not None
                     and query.matches(e.item, text=False)
-                    and headers_contain(e.message[:8192], query.text)
+                    and headers_contain(e.message[:SEARCH_HEAD_BYTES], query.text)
                 )
             ]
             return [self._copy(item) for item in matched[offset : offset + limit]]

@@ -20,7 +20,7 @@ import json
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -36,7 +36,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 from django.utils.dateparse import parse_datetime
 
-from bumail_queue.errors import ErrorCode, QueueError
+from bumail_queue.errors import ErrorCode, QueueError, first_line
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
 from bumail_queue.models import Item, Message, item_from_row
 from bumail_queue.queries import AGE_BUCKETS, ItemQuery, QueueSummary
@@ -153,7 +153,7 @@ class ORMStore(QueueStore):
             raise QueueError(
                 ErrorCode.STORE_UNAVAILABLE,
                 f"The queue's database {self.alias!r} could not be used (has manage.py migrate run?): "
-                f"{_first_line(error)}",
+                f"{first_line(error)}",
             ) from error
 
     def _default_is_read_committed(self) -> bool:
@@ -365,8 +365,11 @@ class ORMStore(QueueStore):
         if limit < 1:
             return []
         until, at = self._prep_time(lease_until), self._prep_time(now)
-        if self.connection.vendor == "postgresql":
+        connection = self.connection
+        if connection.vendor == "postgresql":
             rows = self._claim_skip_locked(owner, until, at, limit)
+        elif not connection.in_atomic_block and connection.get_autocommit():
+            rows = self._claim_write_locked(owner, until, at, limit)
         else:
             rows = self._claim_compare_and_set(owner, until, at, limit)
         rows.sort(key=lambda row: (_aware(row[0]), row[1]))
@@ -428,25 +431,29 @@ class ORMStore(QueueStore):
             with connection.cursor() as cursor:
                 cursor.execute("BEGIN IMMEDIATE")
                 try:
-                    cursor.execute(self._due_sql(), [at, at, limit])
-                    due = dict(cursor.fetchall())
-                    rows: builtins.list[Any] = []
-                    if due:
-                        cursor.execute(self._lease_rows_sql(len(due)), [owner, until, until, *due, at, at])
-                        rows = [(due[row[0]], *row) for row in cursor.fetchall()]
+                    due = self._read_due(cursor, at, limit)
+                    rows = self._lease_due(cursor, due, owner, until, at) if due else []
                 except BaseException:
                     cursor.execute("ROLLBACK")
                     raise
                 cursor.execute("COMMIT")
         return rows
 
-    def _lease_rows_sql(self, count: int) -> str:
+    def _read_due(self, cursor: Any, at: Any, limit: int) -> dict[Any, Any]:
+        """The earliest due items' ``seq`` with their due time."""
+        cursor.execute(self._due_sql(), [at, at, limit])
+        return dict(cursor.fetchall())
+
+    def _lease_due(self, cursor: Any, due: dict[Any, Any], owner: str, until: Any, at: Any) -> builtins.list[Any]:
+        """Lease those of ``due`` still due and free; their rows, each led by its due time."""
         q = self._q
-        return (
-            f"{self._lease_sql()} WHERE {q('seq')} IN ({', '.join(['%s'] * count)}) "
+        sql = (
+            f"{self._lease_sql()} WHERE {q('seq')} IN ({', '.join(['%s'] * len(due))}) "
             f"AND {q('next_attempt_at')} <= %s AND ({q('lease_owner')} IS NULL OR {q('lease_expires_at')} <= %s) "
             f"RETURNING {q('seq')}, {self._select_list()}, {q('rev')}"
         )
+        cursor.execute(sql, [owner, until, until, *due, at, at])
+        return [(due[row[0]], *row) for row in cursor.fetchall()]
 
     def _claim_compare_and_set(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
         # Inside the caller's transaction (a test's, a deliver_due() in a view) the
@@ -454,18 +461,13 @@ class ORMStore(QueueStore):
         # due and free. The UPDATE runs under SQLite's write lock, so of two processes
         # that read the same items, the second finds them leased and takes none of
         # them; it then reads again, so a lost race never reads as an empty queue.
-        connection = self.connection
-        if not connection.in_atomic_block and connection.get_autocommit():
-            return self._claim_write_locked(owner, until, at, limit)
         for _ in range(_CLAIM_RACES):
             with self._translated_errors(), self.connection.cursor() as cursor:
-                cursor.execute(self._due_sql(), [at, at, limit])
-                due = dict(cursor.fetchall())
+                due = self._read_due(cursor, at, limit)
             if not due:
                 return []
             with self._writing(single_statement=True) as cursor:
-                cursor.execute(self._lease_rows_sql(len(due)), [owner, until, until, *due, at, at])
-                rows = [(due[row[0]], *row) for row in cursor.fetchall()]
+                rows = self._lease_due(cursor, due, owner, until, at)
             if rows:
                 return rows
         return []
@@ -530,25 +532,30 @@ class ORMStore(QueueStore):
         unread = [key for item_id, key in keys.items() if key is not None and item_id not in held]
         held.update(self._read_many_for_complete(unread))
         finished: dict[str, tuple[QueueItem, int]] = {}
-        with self._writing():
-            for item_id, result in results:
-                read = held.get(item_id) if keys[item_id] is not None else None
-                if read is None:
-                    done[item_id] = None
-                    continue
-                item, rev = read
-                if item.lease_owner != owner:
-                    done[item_id] = self.lease_lost(item_id, owner)
-                    continue
-                recorded = result.recorded_on(item)
-                if recorded.is_finished:
-                    finished[item_id] = (recorded, rev)
-                elif self._write_outcome(keys[item_id], owner, rev, recorded):
+        unfinished: builtins.list[tuple[str, QueueItem, int]] = []
+        for item_id, result in results:
+            read = held.get(item_id) if keys[item_id] is not None else None
+            if read is None:
+                done[item_id] = None
+                continue
+            item, rev = read
+            if item.lease_owner != owner:
+                done[item_id] = self.lease_lost(item_id, owner)
+                continue
+            recorded = result.recorded_on(item)
+            if recorded.is_finished:
+                finished[item_id] = (recorded, rev)
+            else:
+                unfinished.append((item_id, recorded, rev))
+        result_of = dict(results)
+        # A batch whose items all finished is one DELETE: no transaction of its own.
+        with self._writing() if unfinished else nullcontext():
+            for item_id, recorded, rev in unfinished:
+                if self._write_outcome(keys[item_id], owner, rev, recorded):
                     done[item_id] = recorded
                 else:
-                    contested.append((item_id, result))
+                    contested.append((item_id, result_of[item_id]))
             dropped = self._drop_finished(owner, [(keys[item_id], rev) for item_id, (_, rev) in finished.items()])
-        result_of = dict(results)
         for item_id, (recorded, _) in finished.items():
             if item_id in dropped:
                 done[item_id] = recorded
@@ -763,5 +770,3 @@ def _key_race(new: NewItem) -> QueueError:
     )
 
 
-def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

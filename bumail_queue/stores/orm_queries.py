@@ -17,15 +17,21 @@ from django.db.models.expressions import RawSQL
 
 from bumail_queue.items import QueueItem
 from bumail_queue.models import Item
-from bumail_queue.queries import ItemQuery, ItemState, QueueSummary, shape_from_counts
+from bumail_queue.queries import (
+    SEARCH_HEAD_BYTES,
+    ItemQuery,
+    ItemState,
+    QueueSummary,
+    shape_from_counts,
+)
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
     from .orm import ORMStore
 
 # Below this many rows (by PostgreSQL's estimate) an exact count is cheap enough.
 EXACT_COUNT_BELOW = 100_000
-# How much of a message the header search and the admin's subjects read.
-HEAD_BYTES = 8192
 
 
 def _escape_like(text: str) -> str:
@@ -51,18 +57,18 @@ def _headers_match(store: ORMStore, text: str) -> RawSQL:
         # The header block ends at the first empty line; LEAST skips the NULLs of a
         # separator not found. 'escape' turns the bytes into text for ILIKE.
         sql = (
-            f"SELECT h.{q('item_id')} FROM (SELECT {q('item_id')}, substring({q('data')} from 1 for {HEAD_BYTES}) AS head "
+            f"SELECT h.{q('item_id')} FROM (SELECT {q('item_id')}, substring({q('data')} from 1 for {SEARCH_HEAD_BYTES}) AS head "
             f"FROM {messages}) AS h WHERE encode(substring(h.head from 1 for LEAST("
             r"NULLIF(position('\x0d0a0d0a'::bytea in h.head), 0), NULLIF(position('\x0a0a'::bytea in h.head), 0), "
-            f"{HEAD_BYTES})), 'escape') ILIKE %s"
+            f"{SEARCH_HEAD_BYTES})), 'escape') ILIKE %s"
         )
     else:
         # SQLite's LIKE ignores ASCII case; MIN of two positions, 0 meaning not found.
         sql = (
-            f"SELECT h.{q('item_id')} FROM (SELECT {q('item_id')}, substr({q('data')}, 1, {HEAD_BYTES}) AS head "
+            f"SELECT h.{q('item_id')} FROM (SELECT {q('item_id')}, substr({q('data')}, 1, {SEARCH_HEAD_BYTES}) AS head "
             f"FROM {messages}) AS h WHERE CAST(substr(h.head, 1, MIN("
-            f"COALESCE(NULLIF(instr(h.head, X'0D0A0D0A'), 0), {HEAD_BYTES}), "
-            f"COALESCE(NULLIF(instr(h.head, X'0A0A'), 0), {HEAD_BYTES}))) AS TEXT) LIKE %s ESCAPE '\\'"
+            f"COALESCE(NULLIF(instr(h.head, X'0D0A0D0A'), 0), {SEARCH_HEAD_BYTES}), "
+            f"COALESCE(NULLIF(instr(h.head, X'0A0A'), 0), {SEARCH_HEAD_BYTES}))) AS TEXT) LIKE %s ESCAPE '\\'"
         )
     return RawSQL(sql, [pattern])  # noqa: S611 - the text is a parameter; the rest is ours
 
@@ -149,14 +155,21 @@ def _shape_rows(store: ORMStore, now: datetime, bounds: tuple[timedelta, ...]) -
         return [(domain, int(index), int(n)) for domain, index, n in cursor.fetchall()]
 
 
+def planner_estimate(connection: BaseDatabaseWrapper, table: str) -> int | None:
+    """Return PostgreSQL's estimate of ``table``'s rows once it is ``EXACT_COUNT_BELOW``
+    or more (counting them would read them all); ``None`` where counting is cheap."""
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [table])
+        row = cursor.fetchone()
+    if row is None or row[0] is None or row[0] < EXACT_COUNT_BELOW:
+        return None
+    return int(row[0])
+
+
 def estimated_count(store: ORMStore) -> int:
     """Return PostgreSQL's estimate of the rows when the table is large; else count them."""
-    connection = store.connection
-    if connection.vendor == "postgresql":
-        with store._translated_errors(), connection.cursor() as cursor:
-            cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [store._items])
-            row = cursor.fetchone()
-        estimate = int(row[0]) if row is not None and row[0] is not None else -1
-        if estimate >= EXACT_COUNT_BELOW:
-            return estimate
-    return store.count()
+    with store._translated_errors():
+        estimate = planner_estimate(store.connection, store._items)
+    return store.count() if estimate is None else estimate

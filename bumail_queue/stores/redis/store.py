@@ -22,7 +22,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -52,7 +52,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bumail_queue.conf import QueueSettings
-from bumail_queue.errors import ErrorCode, QueueConfigurationError, QueueError
+from bumail_queue.errors import (
+    ErrorCode,
+    QueueConfigurationError,
+    QueueError,
+    first_line,
+)
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
 from bumail_queue.stores.base import QueueStore, WorkListener
 
@@ -191,7 +196,7 @@ class RedisStore(QueueStore):
         where = f"{what}[{self.alias!r}]" if what.endswith("CACHES") else what
         return QueueError(
             ErrorCode.STORE_UNAVAILABLE,
-            f"Could not {doing}: {where}: {_first_line(error)}",
+            f"Could not {doing}: {where}: {first_line(error)}",
         )
 
     def _run(
@@ -311,6 +316,20 @@ class RedisStore(QueueStore):
         with self._translated_errors("read the message"):
             data = cast("bytes | None", client.get(self.keys.message(own)))
         return data
+
+    def read_messages(self, item_ids: Iterable[str]) -> dict[str, bytes]:
+        """Read a batch's messages in one round trip (``MGET``)."""
+        known = [(item_id, own) for item_id in item_ids if (own := _own_id(item_id))]
+        if not known:
+            return {}
+        client = self._redis()
+        with self._translated_errors("read the messages"):
+            found = cast("list[bytes | None]", client.mget([self.keys.message(own) for _, own in known]))
+        return {
+            item_id: bytes(data)
+            for (item_id, _), data in zip(known, found, strict=True)
+            if data is not None
+        }
 
     def read_message_heads(
         self, item_ids: Sequence[str], *, size: int = 8192
@@ -449,19 +468,18 @@ class RedisStore(QueueStore):
             self._outcome_keys,
             [args for _, args in writes],
         )
+        contested: list[int] = []
         for (index, _), status in zip(writes, statuses, strict=True):
-            item_id, result = results[index]
             if status == -2:
                 done[index] = None
             elif status == 0:
-                done[index] = self.lease_lost(item_id, owner)
+                done[index] = self.lease_lost(results[index][0], owner)
             elif status == -1:
-                try:
-                    done[index] = self.complete(item_id, owner=owner, result=result)
-                except QueueError as error:
-                    if error.code != ErrorCode.LEASE_LOST:
-                        raise
-                    done[index] = error
+                contested.append(index)
+        # Changed between the read and the script: each goes the single way, which reads again.
+        again = super().complete_many(owner, [results[index] for index in contested])
+        for index, outcome in zip(contested, again, strict=True):
+            done[index] = outcome
         return done
 
     @property
@@ -683,6 +701,3 @@ def _connection_problem(alias: str) -> str | None:
     return None
 
 
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
