@@ -1,7 +1,8 @@
-"""``manage.py queue_status``, in text and in JSON, on every store."""
+"""``manage.py queue_status``, in text and in JSON, on every store; how ``queue_worker`` runs."""
 
 from __future__ import annotations
 
+import gc
 import json
 from datetime import timedelta
 from io import StringIO
@@ -13,6 +14,7 @@ from django.utils import timezone
 
 from bumail_queue import queue
 from bumail_queue.items import AttemptResult, Outcome, RecipientStatus, Reply
+from bumail_queue.management.commands.queue_worker import Command as WorkerCommand
 from bumail_queue.stores import get_store
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -87,3 +89,17 @@ def test_queue_status_json(store_name):
 def test_queue_status_of_an_empty_queue(store_name):
     assert status().splitlines() == ["0 items queued: 0 queued, 0 deferred, 0 being delivered; 0 due now.", "The queue is empty."]
     assert json.loads(status("--json"))["domains"] == []
+
+
+def test_queue_worker_on_the_command_line_spares_the_collector_its_start_up_objects():
+    # On the command line the process ends with the command: what start-up made is
+    # frozen out of every collection, and so is the rest at the end. Under
+    # call_command the caller goes on, and the collector is left as it was.
+    gc.unfreeze()
+    try:
+        call_command("queue_worker", "--burst", stdout=StringIO())
+        assert gc.get_freeze_count() == 0
+        WorkerCommand(stdout=StringIO()).run_from_argv(["manage.py", "queue_worker", "--burst"])
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

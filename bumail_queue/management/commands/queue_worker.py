@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import signal
 import sys
@@ -45,6 +46,19 @@ class Command(BaseCommand):
     # The queue's own checks only: a worker (and each --burst run from cron) starts
     # in a fraction of the time the whole project's take; deploys run those anyway.
     requires_system_checks = ("bumail_queue",)
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        # Only on the command line, where the process ends with the command (not under
+        # call_command, whose caller goes on). Start-up's objects, Django's and every
+        # module's, live as long as the process: frozen, the collector stops walking
+        # them in each full collection. Frozen again at the end, the process skips the
+        # interpreter's last collection of everything (60-90 ms, as long as a --burst
+        # run spends on a few batches), whose memory the system takes back at exit.
+        gc.freeze()
+        try:
+            super().run_from_argv(argv)
+        finally:
+            gc.freeze()
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--concurrency", type=positive_int, help="SMTP sessions in flight (default: CONCURRENCY)")
