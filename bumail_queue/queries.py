@@ -18,12 +18,12 @@ from typing import Any
 
 from .items import QueueItem
 
-#: The age buckets of the queue's shape, as Postfix's ``qshape`` draws them: an item
-#: younger than the first bound is in the first bucket, one older than the last in
-#: the last ("1280+ minutes").
 #: How much of each message a text search reads for its header block, in every store.
 SEARCH_HEAD_BYTES = 8192
 
+#: The age buckets of the queue's shape, as Postfix's ``qshape`` draws them: an item
+#: younger than the first bound is in the first bucket, one older than the last in
+#: the last ("1280+ minutes").
 AGE_BUCKETS: tuple[timedelta, ...] = tuple(timedelta(minutes=m) for m in (5, 10, 20, 40, 80, 160, 320, 640, 1280))
 
 

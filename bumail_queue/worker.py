@@ -324,21 +324,17 @@ class Worker:
         """
         return max(self.concurrency, self.settings.claim_batch_size // 2)
 
-    def _free_slots(self) -> int:
+    def _claim(self) -> list[QueueItem]:
         # Claim in batches (a claim is a commit), and only once the items waiting run
         # low, so a worker never hoards more than one batch beyond what it delivers.
         with self._changed:
             if len(self._waiting) >= self._refill_below:
-                return 0
-            return self._refill_below + self.settings.claim_batch_size - len(self._waiting)
-
-    def _claim(self) -> list[QueueItem]:
-        free = self._free_slots()
-        if free <= 0 or self.stopping:
+                return []
+        if self.stopping:
             return []
         now = self.clock()
         until = now + self.settings.lease
-        limit = min(free, self.settings.claim_batch_size)
+        limit = self.settings.claim_batch_size
         try:
             claimed = self.store.claim(owner=self.owner, now=now, lease_until=until, limit=limit)
         except QueueError as error:
