@@ -7,7 +7,9 @@ import re
 from datetime import timedelta
 
 _DURATION = re.compile(r"([0-9]+)([smhdw])")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+#: Longer spans reach back before year 1 from today: no date can be that old.
+LONGEST_DURATION = timedelta(days=100 * 365)
 
 
 def positive_int(value: str) -> int:
@@ -27,7 +29,30 @@ def duration(value: str) -> timedelta:
     parts = _DURATION.findall(text)
     if not parts or "".join(n + u for n, u in parts) != text:
         raise argparse.ArgumentTypeError(f"{value!r} is not a duration such as 30d, 12h, 90m or 2w")
-    span = sum((timedelta(**{_UNITS[unit]: int(number)}) for number, unit in parts), timedelta())
-    if span <= timedelta(0):
+    seconds = sum(int(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+    if seconds <= 0:
         raise argparse.ArgumentTypeError(f"{value!r} must be longer than 0")
+    if seconds > LONGEST_DURATION.total_seconds():
+        raise argparse.ArgumentTypeError(f"{value!r} is longer than {LONGEST_DURATION.days} days")
+    span = timedelta(seconds=seconds)
     return span
+
+
+_SPELLED = (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))
+
+
+def describe_duration(span: timedelta, *, depth: int = 2) -> str:
+    """Write ``span`` in days, hours, minutes and seconds: ``30 days``, ``1 day, 12 hours``.
+
+    Unlike ``timesince`` it knows no calendar, so the same span reads the same on
+    every day of the year (``timesince`` calls 30 days "1 month" after a 30-day month).
+    """
+    left = int(span.total_seconds())
+    parts: list[str] = []
+    for unit, seconds in _SPELLED:
+        count, left = divmod(left, seconds)
+        if count:
+            parts.append(f"{count} {unit}{'' if count == 1 else 's'}")
+        if len(parts) == depth:
+            break
+    return ", ".join(parts) or "0 seconds"

@@ -8,11 +8,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
-from django.utils.timesince import timesince
 
 from bumail_queue import delivery_log
 from bumail_queue.conf import get_settings
-from bumail_queue.management.arguments import duration, positive_int
+from bumail_queue.management.arguments import describe_duration, duration, positive_int
 from bumail_queue.models import DeliveryLog
 
 
@@ -31,7 +30,7 @@ class Command(BaseCommand):
             raise CommandError("DELIVERY_LOG_RETENTION is None (keep forever): give --older-than to purge.")
         now = timezone.now()
         cutoff = now - older_than
-        age = timesince(cutoff, now, depth=2)
+        age = describe_duration(older_than)
         if options["dry_run"]:
             count = DeliveryLog.objects.using(settings.database).filter(logged_at__lt=cutoff).count()
             self.stdout.write(f"Would delete {count} delivery log entr{'y' if count == 1 else 'ies'} older than {age} (before {cutoff:%Y-%m-%d %H:%M:%S %Z}).")

@@ -7,9 +7,8 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand
-from django.utils.timesince import timesince
 
-from bumail_queue.management.arguments import positive_int
+from bumail_queue.management.arguments import describe_duration, positive_int
 from bumail_queue.queries import ItemState, QueueSummary, bucket_labels
 from bumail_queue.service import queue
 
@@ -37,7 +36,7 @@ def render(summary: QueueSummary, *, top: int) -> list[str]:
         lines.append("The queue is empty.")
         return lines
     lines.append(
-        f"Oldest: queued {timesince(summary.oldest_created_at, summary.now, depth=2)} ago "
+        f"Oldest: queued {describe_duration(summary.now - summary.oldest_created_at)} ago "
         f"({summary.oldest_created_at:%Y-%m-%d %H:%M:%S %Z})."
     )
     lines.append(f"{summary.pending_recipients} recipient{'s' if summary.pending_recipients != 1 else ''} pending, by destination domain and age (minutes):")
