@@ -43,6 +43,14 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "DELAY_WARNING": timedelta(hours=4),
     "MAX_ITEMS": None,
     "MAX_MESSAGE_SIZE": 25 * 1024 * 1024,
+    # Postfix's smtpd_recipient_limit.
+    "MAX_RECIPIENTS": 1000,
+    # Networks that MX, A/AAAA and address-literal destinations may be in beyond the
+    # globally routable ones (ROUTE/ROUTES hosts are trusted as written).
+    "ALLOWED_PRIVATE_NETWORKS": [],
+    # Postfix's smtp_mx_address_limit and smtp_mx_session_limit.
+    "MX_ADDRESS_LIMIT": 5,
+    "MX_SESSION_LIMIT": 2,
     # RFC 5321 §4.5.4.1: retries at least 30 minutes apart, growing, with jitter.
     "RETRY_MIN_DELAY": timedelta(minutes=30),
     "RETRY_MAX_DELAY": timedelta(hours=4),
@@ -149,6 +157,10 @@ class QueueSettings:
     delay_warning: timedelta
     max_items: int | None
     max_message_size: int
+    max_recipients: int
+    allowed_private_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+    mx_address_limit: int
+    mx_session_limit: int
     retry_min_delay: timedelta
     retry_max_delay: timedelta
     retry_factor: float
@@ -262,6 +274,15 @@ def _is_ip(value: str) -> bool:
     return True
 
 
+def _parse_network(value: Any) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        return None
+
+
 def _parse_nameserver(value: str) -> tuple[str, int] | None:
     host, port = value, 53
     if value.startswith("["):  # [::1]:5353
@@ -286,7 +307,7 @@ def validate(raw: Any) -> list[Problem]:
     if not isinstance(raw, Mapping):
         check.add("bumail_queue.E001", "", f"BUMAIL_QUEUE must be a dict; got {type(raw).__name__}.")
         return check.problems
-    for key in sorted(set(raw) - set(DEFAULTS)):
+    for key in sorted(set(raw) - set(DEFAULTS), key=repr):
         near = difflib.get_close_matches(str(key), DEFAULTS, n=1)
         hint = f" Did you mean {near[0]!r}?" if near else f" Known keys: {', '.join(DEFAULTS)}."
         check.add("bumail_queue.E002", str(key), f"BUMAIL_QUEUE has an unknown key {key!r}.{hint}")
@@ -350,6 +371,16 @@ def validate(raw: Any) -> list[Problem]:
         check.duration(raw, key, "bumail_queue.E011")
     check.positive_int(raw, "MAX_ITEMS", "bumail_queue.E012", optional=True)
     check.positive_int(raw, "MAX_MESSAGE_SIZE", "bumail_queue.E012")
+    check.positive_int(raw, "MAX_RECIPIENTS", "bumail_queue.E012")
+    networks = raw.get("ALLOWED_PRIVATE_NETWORKS", DEFAULTS["ALLOWED_PRIVATE_NETWORKS"])
+    if isinstance(networks, str) or not isinstance(networks, list | tuple) or not all(_parse_network(n) for n in networks):
+        check.add(
+            "bumail_queue.E021",
+            "ALLOWED_PRIVATE_NETWORKS",
+            f"BUMAIL_QUEUE['ALLOWED_PRIVATE_NETWORKS'] must be a list of CIDR strings such as '10.0.0.0/8' or 'fd00::/8'; got {networks!r}.",
+        )
+    for key in ("MX_ADDRESS_LIMIT", "MX_SESSION_LIMIT"):
+        check.positive_int(raw, key, "bumail_queue.E021")
     min_delay = check.duration(raw, "RETRY_MIN_DELAY", "bumail_queue.E015")
     max_delay = check.duration(raw, "RETRY_MAX_DELAY", "bumail_queue.E015")
     if min_delay is not None and max_delay is not None and min_delay > max_delay:
@@ -428,6 +459,10 @@ def load(raw: Any) -> QueueSettings:
         delay_warning=_as_timedelta(values["DELAY_WARNING"]),
         max_items=values["MAX_ITEMS"],
         max_message_size=values["MAX_MESSAGE_SIZE"],
+        max_recipients=values["MAX_RECIPIENTS"],
+        allowed_private_networks=tuple(filter(None, map(_parse_network, values["ALLOWED_PRIVATE_NETWORKS"]))),
+        mx_address_limit=values["MX_ADDRESS_LIMIT"],
+        mx_session_limit=values["MX_SESSION_LIMIT"],
         retry_min_delay=_as_timedelta(values["RETRY_MIN_DELAY"]),
         retry_max_delay=_as_timedelta(values["RETRY_MAX_DELAY"]),
         retry_factor=float(values["RETRY_FACTOR"]),

@@ -55,6 +55,9 @@ def test_load_of_an_empty_dict_gives_every_default(monkeypatch):
     assert loaded.delay_warning == timedelta(hours=4)
     assert loaded.max_items is None
     assert loaded.max_message_size == 25 * 1024 * 1024
+    assert loaded.max_recipients == 1000
+    assert loaded.allowed_private_networks == ()
+    assert (loaded.mx_address_limit, loaded.mx_session_limit) == (5, 2)
 
 
 def test_every_setting_has_a_field_of_the_loaded_settings():
@@ -203,6 +206,13 @@ PROBLEMS = [
     ({"MAX_MESSAGE_SIZE": 0}, "bumail_queue.E012", "['MAX_MESSAGE_SIZE'] must be a whole number above 0"),
     ({"MAX_MESSAGE_SIZE": None}, "bumail_queue.E012", "got None"),
     ({"MAX_MESSAGE_SIZE": 1e6}, "bumail_queue.E012", "got 1000000.0"),
+    ({"MAX_RECIPIENTS": 0}, "bumail_queue.E012", "['MAX_RECIPIENTS'] must be a whole number above 0"),
+    ({"ALLOWED_PRIVATE_NETWORKS": "10.0.0.0/8"}, "bumail_queue.E021", "must be a list of CIDR strings"),
+    ({"ALLOWED_PRIVATE_NETWORKS": ["10.0.0.0/33"]}, "bumail_queue.E021", "got ['10.0.0.0/33']"),
+    ({"ALLOWED_PRIVATE_NETWORKS": [10]}, "bumail_queue.E021", "got [10]"),
+    ({"MX_ADDRESS_LIMIT": 0}, "bumail_queue.E021", "['MX_ADDRESS_LIMIT'] must be a whole number above 0"),
+    ({"MX_SESSION_LIMIT": "2"}, "bumail_queue.E021", "got '2'"),
+    ({1: "one"}, "bumail_queue.E002", "unknown key 1"),
 ]
 
 
@@ -221,6 +231,18 @@ def test_load_refuses_what_validate_reports(raw, check_id, text):
 
     assert text in info.value.message
     assert f"({check_id})" in info.value.message
+
+
+def test_keys_of_any_type_are_reported_not_crashed_on():
+    problems = validate({1: "one", None: 2, "CONCURENCY": 3, ("a",): 4})
+
+    assert [p.id for p in problems] == ["bumail_queue.E002"] * 4
+
+
+def test_private_networks_are_loaded_as_networks():
+    loaded = load({"ALLOWED_PRIVATE_NETWORKS": ["10.20.0.0/16", "127.0.0.1", "fd00::/8"]})
+
+    assert [str(n) for n in loaded.allowed_private_networks] == ["10.20.0.0/16", "127.0.0.1/32", "fd00::/8"]
 
 
 def test_a_setting_that_is_not_a_dict_is_e001():
