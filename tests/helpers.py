@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
 import django.core.mail
 from django.test import override_settings
@@ -21,6 +23,19 @@ def use_queue_backend() -> override_settings:
     if hasattr(django.core.mail, "mailers"):
         return override_settings(MAILERS={"default": {"BACKEND": BACKEND}})
     return override_settings(EMAIL_BACKEND=BACKEND)
+
+
+def wait_until(predicate: Callable[[], object], seconds: float = 20) -> bool:
+    """Wait for ``predicate()`` to hold, up to a bound generous enough for a busy machine.
+
+    Returns whether it held; tests assert on that, never on how long it took.
+    """
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())
 
 
 class ScriptedTransport:

@@ -22,7 +22,7 @@ from django.utils import timezone
 from bumail_queue import queue
 from bumail_queue.items import RecipientStatus
 from bumail_queue.stores import get_store
-from tests.helpers import use_queue_backend
+from tests.helpers import use_queue_backend, wait_until
 from tests.servers.dns import DNSZone
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -148,15 +148,6 @@ def running_worker(settings, *args, redis_url=None):
     finally:
         if worker.poll() is None:
             worker.kill()
-
-
-def wait_until(predicate, seconds=20):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.mark.slow

@@ -18,12 +18,12 @@ from django_redis import get_redis_connection
 
 from bumail_queue import queue
 from tests.conftest import REDIS_ALIAS
+from tests.helpers import wait_until
 from tests.test_delivery_end_to_end import (
     read_all,
     running_worker,
     smarthost,
     start_worker,
-    wait_until,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.django_db(transaction=True)]

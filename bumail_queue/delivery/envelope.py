@@ -40,8 +40,10 @@ class Delivery:
     """What delivering one envelope decided: an outcome for every one of its recipients.
 
     ``remote_host`` names the server that gave the deciding replies (``None`` when no
-    server answered: DNS, every host unreachable).
+    server answered: DNS, every host unreachable). ``tls`` says whether that server's
+    session ran over TLS (STARTTLS or implicit), for the delivery log.
     """
 
     outcomes: Mapping[str, Outcome]
     remote_host: str | None = None
+    tls: bool = False
