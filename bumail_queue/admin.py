@@ -33,6 +33,7 @@ from django.http import (
     HttpResponseBase,
     HttpResponseRedirect,
 )
+from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, URLPattern, path, reverse
 from django.utils import timezone
@@ -473,7 +474,7 @@ def overview_context(summary: QueueSummary, list_url: str, *, top: int = 20) -> 
 class DeliveryLogAdmin(_LogAdminBase):
     """The delivery log, read-only: entries are written by the worker, deleted by age."""
 
-    list_display = ("logged_at", "recipient", "status_badge", "reply", "remote_host", "item")
+    list_display = ("logged_at", "recipient", "status_badge", "reply", "remote", "item")
     list_filter = ("status",)
     search_fields = ("recipient", "sender")
     search_help_text = gettext_lazy("An address (or part of one), or an item id.")
@@ -483,7 +484,7 @@ class DeliveryLogAdmin(_LogAdminBase):
     paginator = EstimatedCountPaginator
     readonly_fields = (
         "logged_at", "item_id", "recipient", "domain", "sender", "status", "reply_code", "reply_status",
-        "reply_text", "remote_host", "next_attempt_at",
+        "reply_text", "remote_host", "tls", "next_attempt_at",
     )  # fmt: skip
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[DeliveryLog]:
@@ -513,6 +514,10 @@ class DeliveryLogAdmin(_LogAdminBase):
     @admin.display(description=gettext_lazy("reply"))
     def reply(self, entry: DeliveryLog) -> str:
         return entry.reply_line
+
+    @admin.display(description=gettext_lazy("remote host"), ordering="remote_host")
+    def remote(self, entry: DeliveryLog) -> str:
+        return render_to_string("admin/bumail_queue/remote_host.html", {"entry": entry})
 
     @admin.display(description=gettext_lazy("item"))
     def item(self, entry: DeliveryLog) -> str:

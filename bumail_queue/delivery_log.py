@@ -46,6 +46,7 @@ def _entry(
     remote_host: str | None,
     next_attempt_at: datetime | None,
     at: datetime,
+    tls: bool = False,
 ) -> DeliveryLog:
     return DeliveryLog(
         logged_at=at,
@@ -58,6 +59,7 @@ def _entry(
         reply_status="" if reply is None else reply.status[:16],
         reply_text="" if reply is None else reply.text,
         remote_host=(remote_host or "")[:255],
+        tls=tls,
         next_attempt_at=next_attempt_at,
     )
 
@@ -72,6 +74,7 @@ def record(
     remote_host: str | None = None,
     next_attempt_at: datetime | None = None,
     at: datetime | None = None,
+    tls: bool = False,
 ) -> DeliveryLog | None:
     """Add one entry (nothing when ``DELIVERY_LOG`` is off); return it."""
     settings = get_settings()
@@ -79,7 +82,7 @@ def record(
         return None
     entry = _entry(
         item_id=item_id, recipient=recipient, status=status, reply=reply, envelope_sender=envelope_sender,
-        remote_host=remote_host, next_attempt_at=next_attempt_at, at=at or timezone.now(),
+        remote_host=remote_host, next_attempt_at=next_attempt_at, at=at or timezone.now(), tls=tls,
     )  # fmt: skip
     gathered = getattr(_gathering, "entries", None)
     if gathered is not None:
@@ -97,8 +100,9 @@ def gathered() -> Iterator[None]:
     """Write the entries this thread adds inside the block in one INSERT, at its end.
 
     The worker's recorder wraps each batch of attempts in it: one statement and one
-    commit for the batch's entries, not one per recipient. An INSERT that fails is
-    logged; the outcomes it describes are recorded in the queue all the same.
+    commit for the batch's entries, not one per recipient. When that statement fails,
+    each entry is written alone, so one entry the database refuses costs only itself
+    (logged); the outcomes are recorded in the queue all the same.
     """
     if getattr(_gathering, "entries", None) is not None:
         yield  # already gathering: the outer block writes
@@ -110,16 +114,29 @@ def gathered() -> Iterator[None]:
     finally:
         del _gathering.entries
         if entries:
-            try:
-                write(entries)
-            except Exception:  # as a signal receiver's would be: logged, never in the way
-                logger.exception("the delivery log could not be written entries=%d", len(entries))
+            _write_each_alone_on_failure(entries)
+
+
+def _write_each_alone_on_failure(entries: list[DeliveryLog]) -> None:
+    try:
+        write(entries)
+        return
+    except Exception:  # as a signal receiver's would be: logged, never in the way
+        if len(entries) == 1:
+            logger.exception("a delivery log entry could not be written item=%s", entries[0].item_id)
+            return
+        logger.warning("the delivery log's batch could not be written; writing its %d entries one by one", len(entries), exc_info=True)
+    for entry in entries:
+        try:
+            write([entry])
+        except Exception:
+            logger.exception("a delivery log entry could not be written item=%s", entry.item_id)
 
 
 #: The columns ``write`` fills (the id is the database's).
 _COLUMNS = (
     "logged_at", "item_id", "recipient", "domain", "sender", "status",
-    "reply_code", "reply_status", "reply_text", "remote_host", "next_attempt_at",
+    "reply_code", "reply_status", "reply_text", "remote_host", "tls", "next_attempt_at",
 )  # fmt: skip
 
 
@@ -195,7 +212,7 @@ def purge(*, older_than: timedelta, now: datetime | None = None, batch_size: int
 def _on_delivered(*, item_id: str, recipient: str, reply: Reply, **kwargs: Any) -> None:
     record(
         item_id=item_id, recipient=recipient, status=Status.DELIVERED, reply=reply,
-        envelope_sender=kwargs.get("envelope_sender"), remote_host=kwargs.get("remote_host"),
+        envelope_sender=kwargs.get("envelope_sender"), remote_host=kwargs.get("remote_host"), tls=kwargs.get("tls", False),
     )  # fmt: skip
 
 
@@ -203,7 +220,7 @@ def _on_deferred(*, item_id: str, recipient: str, reply: Reply, **kwargs: Any) -
     record(
         item_id=item_id, recipient=recipient, status=Status.DEFERRED, reply=reply,
         envelope_sender=kwargs.get("envelope_sender"), remote_host=kwargs.get("remote_host"),
-        next_attempt_at=kwargs.get("next_attempt_at"),
+        next_attempt_at=kwargs.get("next_attempt_at"), tls=kwargs.get("tls", False),
     )  # fmt: skip
 
 
@@ -212,7 +229,7 @@ def _on_failed(*, item_id: str, recipient: str, reply: Reply, **kwargs: Any) -> 
     status = Status.EXPIRED if reply.status == EXPIRED_STATUS else Status.FAILED
     record(
         item_id=item_id, recipient=recipient, status=status, reply=reply,
-        envelope_sender=kwargs.get("envelope_sender"), remote_host=kwargs.get("remote_host"),
+        envelope_sender=kwargs.get("envelope_sender"), remote_host=kwargs.get("remote_host"), tls=kwargs.get("tls", False),
     )  # fmt: skip
 
 

@@ -131,6 +131,8 @@ class DeliveryLog(models.Model):
     reply_status = models.CharField(_("enhanced status"), max_length=16, blank=True)
     reply_text = models.TextField(_("reply"), blank=True)
     remote_host = models.CharField(_("remote host"), max_length=255, blank=True)
+    # Whether the session with remote_host ran over TLS (STARTTLS or implicit).
+    tls = models.BooleanField(_("TLS"), default=False)
     next_attempt_at = models.DateTimeField(_("next attempt at"), null=True, blank=True)
 
     class Meta:

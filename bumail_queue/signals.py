@@ -14,12 +14,14 @@ from django.dispatch import Signal
 
 logger = logging.getLogger(__name__)
 
-#: A recipient was delivered. kwargs: ``item_id``, ``recipient``, ``reply``, ``envelope_sender``, ``remote_host``.
+#: A recipient was delivered. kwargs: ``item_id``, ``recipient``, ``reply``, ``envelope_sender``, ``remote_host``,
+#: ``tls``.
 delivered = Signal()
 #: A recipient was deferred. kwargs: ``item_id``, ``recipient``, ``reply``, ``next_attempt_at``, ``envelope_sender``,
-#: ``remote_host``.
+#: ``remote_host``, ``tls``.
 deferred = Signal()
-#: A recipient failed for good. kwargs: ``item_id``, ``recipient``, ``reply``, ``envelope_sender``, ``remote_host``.
+#: A recipient failed for good. kwargs: ``item_id``, ``recipient``, ``reply``, ``envelope_sender``, ``remote_host``,
+#: ``tls``.
 failed = Signal()
 #: A DSN was queued. kwargs: ``kind`` (``"failed"``/``"delayed"``), ``dsn_id``, ``of``, ``to``, ``recipients``.
 dsn = Signal()

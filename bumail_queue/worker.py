@@ -101,6 +101,7 @@ class Attempt:
     item: QueueItem
     result: AttemptResult
     remote_hosts: dict[str, str | None]
+    tls: dict[str, bool] = dataclasses.field(default_factory=dict)
     lost_message: bool = False
     delay_due: bool = False
 
@@ -551,13 +552,15 @@ class Worker:
             return self._attempt_from(item, lost, dict.fromkeys(lost), lost_message=True)
         outcomes: dict[str, Outcome] = {}
         remote_hosts: dict[str, str | None] = {}
+        tls: dict[str, bool] = {}
         pending = [r.address for r in item.pending_recipients]
         for destination, addresses in group_by_destination(pending, self.settings).items():
             delivery = self._deliver_to(destination, Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message))
             for address in addresses:
                 outcomes[address] = delivery.outcomes[address]
                 remote_hosts[address] = delivery.remote_host
-        return self._attempt_from(item, outcomes, remote_hosts)
+                tls[address] = delivery.tls
+        return self._attempt_from(item, outcomes, remote_hosts, tls=tls)
 
     def _deliver_to(self, destination: Destination, envelope: Envelope) -> Delivery:
         route = destination.route
@@ -578,7 +581,13 @@ class Worker:
         return delivery
 
     def _attempt_from(
-        self, item: QueueItem, outcomes: dict[str, Outcome], remote_hosts: dict[str, str | None], *, lost_message: bool = False
+        self,
+        item: QueueItem,
+        outcomes: dict[str, Outcome],
+        remote_hosts: dict[str, str | None],
+        *,
+        tls: dict[str, bool] | None = None,
+        lost_message: bool = False,
     ) -> Attempt:
         now = self.clock()
         if has_expired(item.created_at, now, self.settings):
@@ -590,7 +599,9 @@ class Worker:
             next_attempt_at=now + retry_delay(item.attempts + 1, self.settings, self.rng),
             delay_notified=True if delay_due else None,
         )
-        return Attempt(item=item, result=result, remote_hosts=remote_hosts, lost_message=lost_message, delay_due=delay_due)
+        return Attempt(
+            item=item, result=result, remote_hosts=remote_hosts, tls=tls or {}, lost_message=lost_message, delay_due=delay_due
+        )
 
     # -- recording and telling ---------------------------------------------------------
 
@@ -621,7 +632,20 @@ class Worker:
                 time.sleep(delay)
                 close_broken_connections()
         with delivery_log.gathered():  # the batch's log entries in one INSERT
-            return [self._told(attempt, recorded) for attempt, recorded in zip(attempts, done, strict=True)]
+            return [self._told_alone(attempt, recorded) for attempt, recorded in zip(attempts, done, strict=True)]
+
+    def _told_alone(self, attempt: Attempt, recorded: QueueItem | QueueError | None) -> QueueItem | None:
+        """Tell one attempt; what goes wrong there is that item's alone, never the batch's.
+
+        The outcomes are recorded by now: an exception here must not cost the other
+        items of the batch their signals, log entries and DSNs.
+        """
+        try:
+            return self._told(attempt, recorded)
+        except Exception as error:  # a bug: reported for this item, the batch goes on
+            logger.exception("telling an outcome failed item=%s", attempt.item.id, extra={"action": "error", "item_id": attempt.item.id})
+            self._report_error(error, attempt.item.id)
+            return recorded if isinstance(recorded, QueueItem) else None
 
     def _told(self, attempt: Attempt, recorded: QueueItem | QueueError | None) -> QueueItem | None:
         """Send what one recorded attempt calls for: its signals, its DSNs, its errors."""
@@ -678,6 +702,7 @@ class Worker:
                 "reply": reply,
                 "envelope_sender": item.sender,
                 "remote_host": attempt.remote_hosts.get(address),
+                "tls": attempt.tls.get(address, False),
             }
             if outcome.status == RecipientStatus.DELIVERED:
                 signals.send(signals.delivered, **told)
@@ -727,6 +752,10 @@ class Worker:
             service = QueueService(store=self.store, settings=self.settings, clock=self.clock)
             dsn_item = service.enqueue(data, sender="", recipients=[item.sender])
         except QueueError as error:
+            self._report_error(error, item.id)
+            return
+        except Exception as error:  # a DSN that cannot be built: this item's alone
+            logger.exception("a %s DSN could not be built item=%s", kind, item.id, extra={"action": "error", "item_id": item.id})
             self._report_error(error, item.id)
             return
         signals.send(signals.dsn, kind=kind, dsn_id=dsn_item.id, of=item.id, to=item.sender, recipients=addresses)

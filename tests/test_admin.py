@@ -20,7 +20,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from bumail_queue import queue
+from bumail_queue import delivery_log, queue
 from bumail_queue.admin import ItemAdmin
 from bumail_queue.items import AttemptResult, Outcome, RecipientStatus, Reply
 from bumail_queue.models import DeliveryLog
@@ -477,3 +477,16 @@ def test_on_postgresql_a_large_table_is_never_counted(superuser_client, settings
     assert "about 4 items in the queue" in page
     assert EstimatedCountPaginator(DeliveryLog.objects.all(), 100).count == 3
     assert EstimatedCountPaginator(DeliveryLog.objects.filter(status="cancelled"), 100).count == 3  # counted
+
+
+def test_the_log_and_the_item_history_say_whether_tls_was_used(superuser_client, store_name):
+    item = queue.enqueue(newsletter(to="tls@example.org"))
+    for recipient, tls in (("tls@example.org", True), ("plain@example.org", False)):
+        delivery_log.record(item_id=item.id, recipient=recipient, status="deferred", remote_host=f"mx.{recipient[:3]}.example", tls=tls)
+    def words_of(response):
+        return " ".join(re.sub(r"<[^>]+>", " ", text_of(response)).split())
+
+    page = words_of(superuser_client.get(LOG))
+    assert "mx.tls.example TLS" in page and "mx.pla.example no TLS" in page
+    history = words_of(superuser_client.get(item_url(item.id)))
+    assert "mx.tls.example TLS" in history and "mx.pla.example no TLS" in history

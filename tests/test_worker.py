@@ -6,6 +6,7 @@ servers replied; the SMTP client itself is tested against real servers elsewhere
 
 from __future__ import annotations
 
+import dataclasses
 import email
 import email.policy
 import threading
@@ -17,6 +18,7 @@ from django.db import connections
 from django.test import override_settings
 
 from bumail_queue import delivery_log, signals
+from bumail_queue import worker as worker_module
 from bumail_queue.delivery.dns import Destinations
 from bumail_queue.delivery.envelope import Host
 from bumail_queue.errors import QueueError
@@ -381,3 +383,85 @@ def test_attempts_that_end_while_sessions_are_under_way_are_recorded_together(to
     assert batches[0] >= 9 and len(batches) <= 2  # not a commit per attempt
     assert [name for name, _ in told] == ["delivered"] * 10
     assert all(store.get(item.id) is None for item in items)
+
+
+# -- each item's notifications on their own ----------------------------------------------
+
+
+def _five_attempts_with_one_failure_each(worker):
+    items = [enqueue([f"ok{n}@example.org", f"gone{n}@example.org"]) for n in range(5)]
+    claimed = get_store().claim(owner=worker.owner, now=T0, lease_until=T0 + timedelta(minutes=10), limit=5)
+    return items, [worker.attempt(item) for item in claimed]
+
+
+def test_a_dsn_that_cannot_be_built_costs_only_its_own_item(told, monkeypatch):
+    gone = {f"gone{n}@example.org": UNKNOWN for n in range(5)}
+    worker = Worker(transport=ScriptedTransport(gone, default=OK), clock=lambda: T0, owner="w1")
+    items, attempts = _five_attempts_with_one_failure_each(worker)
+    broken = items[1].id
+    real_build = worker_module.build_dsn
+
+    def build_dsn(**kwargs):
+        if kwargs["original"].id == broken:
+            raise ValueError("a header the DSN cannot carry")
+        return real_build(**kwargs)
+
+    monkeypatch.setattr(worker_module, "build_dsn", build_dsn)
+    recorded = worker.record_many(attempts)
+
+    assert [r is not None for r in recorded] == [True] * 5
+    assert sorted(kw["of"] for name, kw in told if name == "dsn") == sorted(i.id for i in items if i.id != broken)
+    assert [(kw["item_id"], type(kw["error"])) for name, kw in told if name == "error"] == [(broken, ValueError)]
+    assert sum(name == "failed" for name, _ in told) == 5
+    assert sum(name == "delivered" for name, _ in told) == 5
+    assert DeliveryLog.objects.filter(item_id__in=[i.id for i in items]).count() == 10
+
+
+def test_a_log_entry_the_database_refuses_costs_only_itself(told, monkeypatch, caplog):
+    worker = Worker(transport=ScriptedTransport(default=OK), clock=lambda: T0, owner="w1")
+    items, attempts = _five_attempts_with_one_failure_each(worker)
+    real_write = delivery_log.write
+
+    def write(entries):
+        if any(e.recipient == "ok3@example.org" for e in entries):
+            raise RuntimeError("value too long for the column")
+        real_write(entries)
+
+    monkeypatch.setattr(delivery_log, "write", write)
+    worker.record_many(attempts)
+
+    logged = set(DeliveryLog.objects.values_list("recipient", flat=True))
+    assert len(logged) == 9 and "ok3@example.org" not in logged
+    assert f"a delivery log entry could not be written item={items[3].id}" in caplog.text
+    assert sum(name == "delivered" for name, _ in told) == 10  # every signal was sent
+
+
+def test_an_exception_while_telling_one_item_leaves_the_others_told(told, monkeypatch):
+    worker = Worker(transport=ScriptedTransport(default=OK), clock=lambda: T0, owner="w1")
+    items, attempts = _five_attempts_with_one_failure_each(worker)
+    real_tell = worker._tell_outcomes
+
+    def tell(attempt, recorded):
+        if attempt.item.id == items[0].id:
+            raise RuntimeError("a bug while telling")
+        real_tell(attempt, recorded)
+
+    monkeypatch.setattr(worker, "_tell_outcomes", tell)
+    recorded = worker.record_many(attempts)
+
+    assert all(r is not None for r in recorded)
+    assert {kw["item_id"] for name, kw in told if name == "delivered"} == {i.id for i in items[1:]}
+    assert [kw["item_id"] for name, kw in told if name == "error"] == [items[0].id]
+    assert all(get_store().get(i.id) is None for i in items)  # recorded all the same
+
+
+def test_the_log_says_whether_the_session_ran_over_tls():
+    class TLSTransport(ScriptedTransport):
+        def deliver(self, envelope, *, route, hosts):
+            delivery = super().deliver(envelope, route=route, hosts=hosts)
+            return dataclasses.replace(delivery, tls=envelope.recipients[0].startswith("tls"))
+
+    enqueue(["tls@example.org"])
+    enqueue(["plain@example.org"])
+    run(TLSTransport(default=OK))
+    assert dict(DeliveryLog.objects.values_list("recipient", "tls")) == {"tls@example.org": True, "plain@example.org": False}
