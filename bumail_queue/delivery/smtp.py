@@ -1,5 +1,7 @@
 """Deliver an envelope over SMTP, as a careful MTA's client does, on :mod:`smtplib`.
 
+``docs/delivery.md`` describes the behaviour for users; this is the summary.
+
 ``SMTPTransport.deliver()`` takes one envelope, the route it goes by and the hosts to
 try (the MX hosts of the recipients' domain, in preference order, or the one
 smarthost), and returns an outcome for every recipient. It never raises for what a
@@ -14,6 +16,9 @@ Hosts
     reply (deferred), its 5xx reply (failed: a 5xx greeting or HELO from the last
     host), or, with no reply, ``4.4.1`` (refused, unreachable), ``4.4.2`` (dropped,
     timed out), ``4.4.3`` (the name does not resolve), ``4.7.x`` (TLS, AUTH).
+    On an MX route, once ``mx_session_limit`` hosts have begun their greeting and
+    then failed temporarily, no further host is tried (Postfix's
+    ``smtp_mx_session_limit``); refused connections do not count.
 
 TLS
     A smarthost's ``TLS``: ``"implicit"`` connects with TLS from the start,
@@ -23,13 +28,17 @@ TLS
     ``ssl.create_default_context()``). An MX route uses STARTTLS whenever it is
     offered, without verifying the certificate (as MTAs do); a failed handshake there
     means a new connection in plain text. With ``TLS_REQUIRED`` an MX route requires
-    STARTTLS as above, still unverified.
+    STARTTLS as above, still unverified. Bytes the server sent after its 220 to
+    STARTTLS and before the handshake are discarded (RFC 3207 §6). The returned
+    ``Delivery.tls`` says whether the deciding session ran over TLS.
 
 AUTH
     With a ``USERNAME``, smtplib's ``login()``. A 4xx reply defers with it; a 5xx
     reply (535: the credentials are wrong) defers too, as ``4.7.8``, keeping the
     server's code and text: a configuration to fix must not lose mail. The password
-    is never in a reply, a log line, an exception or a repr.
+    is never in a reply, a log line, an exception or a repr: a server's reply that
+    echoes the password, or the base64 of the password, the username or the PLAIN
+    argument, has each of them replaced by ``[redacted]``, for the whole session.
 
 The transaction
     ``MAIL FROM`` carries ``SIZE=`` when the server offers SIZE (a message above the
@@ -65,13 +74,16 @@ The message
     it through ``email.utils.parseaddr``).
 
 Timeouts (RFC 5321 §4.5.3.2)
-    Each step has its own socket timeout: ``connect`` (TCP, and the handshake of
+    Each step has its own deadline: ``connect`` (TCP, and the handshake of
     implicit TLS), ``greeting`` (the greeting, EHLO/HELO, STARTTLS, AUTH), ``mail``
     (MAIL, RSET), ``rcpt``, ``data`` (the DATA command), ``data_block`` (each block
     of the message), ``data_end`` (the reply after the dot); and ``deliver()`` as a
-    whole is bounded by ``session``: each step gets ``min(step, time left)``. A
-    timeout or a dropped connection defers what is undecided, ``4.4.2``, with no
-    reply code, and the connection is discarded.
+    whole is bounded by ``session``: each step ends ``min(step, time left)`` after
+    it starts, however slowly the peer's bytes come (the socket's timeout is set to
+    what is left before each ``recv`` and ``send``). A timeout or a dropped
+    connection defers what is undecided, ``4.4.2``, with no reply code, a text that
+    names the limit that ran out (the step's or ``SESSION``), and the connection is
+    discarded.
 
 Addresses
     A recipient that is not an RFC 5321 mailbox (``addresses.mailbox_problem``: a CR,
@@ -94,6 +106,8 @@ Replies
     ``5.0.0``. ``Reply.text`` is the text without the reply code, enhanced code
     included (``"5.1.1 No such user"``). A reply without a valid code, or with one
     that has no place at that step, defers with ``4.5.0`` and drops the connection.
+    So does a reply line longer than :data:`MAX_REPLY_LINE` octets or a reply longer
+    than :data:`MAX_REPLY_LINES` lines: no more than that is ever held.
 
 Connections
     After a transaction the connection is kept for ``reuse_seconds`` in a pool keyed
@@ -110,6 +124,7 @@ Each SMTP step logs at most one DEBUG line on this module's logger.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import enum
 import logging
@@ -120,6 +135,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from bumail_queue.addresses import mailbox_problem, needs_smtputf8
 from bumail_queue.conf import Route, Timeouts
@@ -128,16 +144,27 @@ from bumail_queue.items import Outcome, RecipientStatus, Reply
 
 from .envelope import Delivery, Envelope, Host
 
-__all__ = ["MAX_REPLY_TEXT", "RouteOptionError", "SMTPDelivery", "SMTPTransport", "clean_reply_text", "reply_from"]
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+__all__ = ["MAX_REPLY_LINE", "MAX_REPLY_LINES", "MAX_REPLY_TEXT", "RouteOptionError", "SMTPDelivery", "SMTPTransport", "clean_reply_text", "reply_from"]
 
 logger = logging.getLogger(__name__)
 
 #: The longest ``Reply.text`` kept, in characters.
 MAX_REPLY_TEXT = 512
+#: The longest reply line read, in octets without its CRLF: past it the session ends
+#: (Postfix's ``line_length_limit``; RFC 5321 §4.5.3.1.5 asks for 512 at least).
+MAX_REPLY_LINE = 2048
+#: The most lines a reply may have: past it the session ends (Postfix bounds a reply too).
+MAX_REPLY_LINES = 100
+#: What an echoed credential becomes in a reply's text.
+REDACTED = b"[redacted]"
 #: How much of the message is sent under one ``data_block`` timeout.
 BLOCK_SIZE = 64 * 1024
 # QUIT is a courtesy: never wait long for it.
 _QUIT_TIMEOUT = 5.0
+_RECV_SIZE = 8192
 
 _ENHANCED = re.compile(r"([245])\.([0-9]{1,3})\.([0-9]{1,3})(?=\s|$)")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -265,6 +292,8 @@ class _StepError(Exception):
         self.reply = reply
         self.status = status
         self.answered = answered  # a server replied: it is the Delivery's remote_host
+        self.greeted = False  # the host had begun its greeting: it counts towards MX_SESSION_LIMIT
+        self.tls = False  # the session ran over TLS when it failed
 
     @classmethod
     def of_reply(cls, code: int, raw: bytes, *, when: str) -> _StepError:
@@ -294,8 +323,18 @@ def _timed_out(error: BaseException) -> bool:
     return any(isinstance(e, TimeoutError) for e in (error, error.__cause__, error.__context__))
 
 
+def _ran_out(error: BaseException) -> _StepError | None:
+    """Return the failure of a step whose time ran out, if ``error`` says so."""
+    for cause in (error, error.__cause__, error.__context__):
+        if isinstance(cause, _DeadlineError):
+            return _StepError(_own("4.4.2", str(cause)))
+    return None
+
+
 def _lost(error: OSError, host: Host, when: str) -> _StepError:
     """Return the failure of a connection that timed out or dropped ``when``."""
+    if (ran_out := _ran_out(error)) is not None:
+        return ran_out
     if _timed_out(error):
         return _StepError(_own("4.4.2", f"Timed out {when} ({host})"))
     return _StepError(_own("4.4.2", f"Connection to {host} dropped {when}"))
@@ -303,6 +342,8 @@ def _lost(error: OSError, host: Host, when: str) -> _StepError:
 
 def _connect_failure(error: OSError, host: Host) -> _StepError:
     """Return the failure of a connection that could not be made."""
+    if (ran_out := _ran_out(error)) is not None:
+        return ran_out
     if isinstance(error, smtplib.SMTPServerDisconnected):
         return _lost(error, host, "waiting for the greeting")
     if isinstance(error, smtplib.SMTPResponseException):
@@ -338,47 +379,189 @@ def _policy_of(route: Route, item_id: str) -> _Policy:
     return _Policy(modes[route.tls], verify=route.tls_verify, username=route.username)
 
 
-class _Connection(smtplib.SMTP):
-    """smtplib's client, connecting to a host's known address and to its own timeouts.
+class _DeadlineError(TimeoutError):
+    """A step's time ran out; the text says which limit it was (the step's or the session's)."""
 
-    ``connect(name, port)`` opens TCP to ``address`` (or ``name``) within the connect
-    timeout, does the handshake of implicit TLS there too (SNI and the certificate
-    check use ``name``), then waits for the greeting within ``greeting_timeout()``.
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Step:
+    """What the connection is doing, until when, and the limit that ends it then."""
+
+    ends_at: float
+    limit: str
+    doing: str
+
+
+class _Connection(smtplib.SMTP):
+    """smtplib's client, reading and writing within the armed step's deadline.
+
+    smtplib reads replies through ``sock.makefile()``: every ``recv`` gets the socket's
+    timeout afresh, so a peer sending one byte at a time is never timed out, and every
+    continuation line is kept. Here ``getreply`` and ``send`` set the socket's timeout
+    to what is left of the step before each ``recv``/``send``, a reply line is kept up
+    to :data:`MAX_REPLY_LINE` octets and a reply up to :data:`MAX_REPLY_LINES` lines,
+    and the connection's credentials are redacted from what is read.
+
+    ``connect(name, port)`` opens TCP to the host's address (or name), does the
+    handshake of implicit TLS (SNI and the certificate check use ``name``) within the
+    armed step, then calls ``on_connected`` (which arms the greeting's step).
     """
 
     def __init__(
         self,
         *,
         local_hostname: str,
-        address: str | None,
-        connect_timeout: float,
-        greeting_timeout: Callable[[], float],
+        host: Host,
+        clock: Callable[[], float],
+        on_connected: Callable[[], None],
         implicit_tls: ssl.SSLContext | None,
     ) -> None:
-        super().__init__(local_hostname=local_hostname, timeout=connect_timeout)
-        self._address = address
-        self._greeting_timeout = greeting_timeout
+        super().__init__(local_hostname=local_hostname)
+        self._target = host
+        self._clock = clock
+        self._on_connected = on_connected
         self._implicit_tls = implicit_tls
+        self._step = _Step(ends_at=clock(), limit="no step was started", doing="")  # arm() before any I/O
+        self._inbox = bytearray()
+        self._inbox_of: socket.socket | None = None
+        self._secrets: list[bytes] = []
+        self.heard = False  # the server sent something: the greeting had begun
+        self.tls = False
+
+    def arm(self, step: _Step) -> None:
+        self._step = step
+
+    def redact(self, username: str, password: str) -> None:
+        """Keep the forms of the credentials AUTH sends out of every reply read from now on.
+
+        The password as it is, and base64 of the password, of the username (LOGIN,
+        RFC 4616 and draft-murchison-sasl-login) and of the PLAIN argument.
+        """
+        user, secret = username.encode("utf-8", "replace"), password.encode("utf-8", "replace")
+        forms = {secret, *(base64.b64encode(x) for x in (secret, user, b"\0" + user + b"\0" + secret))}
+        self._secrets = sorted((f for f in forms if f), key=len, reverse=True)
 
     def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
         # smtplib keeps the name given to __init__ only, and starttls() checks it.
         self._host = host
-        sock = socket.create_connection((self._address or host, port), timeout, self.source_address)
+        try:
+            sock = socket.create_connection((self._target.address or host, port), self._time_left(), self.source_address)
+        except TimeoutError:
+            raise self._ran_out() from None
         try:
             if self._implicit_tls is not None:
+                sock.settimeout(self._time_left())
                 sock = self._implicit_tls.wrap_socket(sock, server_hostname=host)
-            sock.settimeout(self._greeting_timeout())
+                self.tls = True
+            self._on_connected()
+        except TimeoutError:
+            sock.close()
+            raise self._ran_out() from None
         except BaseException:
             sock.close()
             raise
         return sock
+
+    def _time_left(self) -> float:
+        left = self._step.ends_at - self._clock()
+        if left <= 0:
+            raise self._ran_out()
+        return left
+
+    def _ran_out(self) -> _DeadlineError:
+        return _DeadlineError(f"Timed out {self._step.doing} ({self._target}): {self._step.limit} ran out")
+
+    def _too_long(self, what: str) -> _StepError:
+        self.close()
+        return _StepError(_own("4.5.0", f"Reply from {self._target} {what}"), answered=True)
+
+    def send(self, s: ReadableBuffer | str) -> None:
+        sock = self.sock
+        if sock is None:
+            raise smtplib.SMTPServerDisconnected("please run connect() first")
+        data = memoryview(s.encode(self.command_encoding) if isinstance(s, str) else s).cast("B")
+        while data:
+            sock.settimeout(self._time_left())
+            try:
+                sent = sock.send(data)
+            except TimeoutError:
+                self.close()
+                raise self._ran_out() from None
+            except OSError as error:
+                self.close()
+                raise smtplib.SMTPServerDisconnected("Server not connected") from error
+            data = data[sent:]
+
+    def getreply(self) -> tuple[int, bytes]:
+        """Read one reply: its code (-1 when a line has none) and its lines' texts, joined by LF."""
+        texts: list[bytes] = []
+        code = -1
+        while True:
+            if len(texts) == MAX_REPLY_LINES:
+                raise self._too_long(f"longer than {MAX_REPLY_LINES} lines")
+            line = self._read_line()
+            texts.append(line[4:].strip(b" \t\r\n"))
+            head = line[:3]
+            if len(head) != 3 or not head.isdigit():
+                code = -1
+                break
+            code = int(head)
+            if line[3:4] != b"-":
+                break
+        return code, self._redacted(b"\n".join(texts))
+
+    def _redacted(self, text: bytes) -> bytes:
+        for secret in self._secrets:
+            text = text.replace(secret, REDACTED)
+        return text
+
+    def _read_line(self) -> bytes:
+        if self._inbox_of is not self.sock:
+            # A new socket (after STARTTLS): nothing read before the handshake may be
+            # taken as said over TLS (RFC 3207 §6, the command-injection attack).
+            self._inbox.clear()
+            self._inbox_of = self.sock
+        while (end := self._inbox.find(b"\n")) < 0:
+            if len(self._inbox) > MAX_REPLY_LINE + 1:  # + 1: the CR before LF
+                raise self._too_long(f"has a line longer than {MAX_REPLY_LINE} octets")
+            self._inbox += self._recv()
+        line = bytes(self._inbox[: end + 1])
+        del self._inbox[: end + 1]
+        if len(line.rstrip(b"\r\n")) > MAX_REPLY_LINE:
+            raise self._too_long(f"has a line longer than {MAX_REPLY_LINE} octets")
+        return line
+
+    def _recv(self) -> bytes:
+        sock = self.sock
+        if sock is None:
+            raise smtplib.SMTPServerDisconnected("Connection unexpectedly closed")
+        sock.settimeout(self._time_left())
+        try:
+            data = sock.recv(_RECV_SIZE)
+        except TimeoutError:
+            self.close()
+            raise self._ran_out() from None
+        except OSError as error:
+            self.close()
+            raise smtplib.SMTPServerDisconnected(f"Connection unexpectedly closed: {error}") from None
+        if not data:
+            self.close()
+            raise smtplib.SMTPServerDisconnected("Connection unexpectedly closed")
+        self.heard = True
+        return data
+
+    def close(self) -> None:
+        self._inbox.clear()
+        super().close()
 
 
 class SMTPTransport:
     """Delivers envelopes over SMTP, keeping connections for reuse; see the module's doc.
 
     ``hostname`` is said in EHLO/HELO; ``timeouts`` bound each step and the session;
-    ``reuse_seconds`` is how long an idle connection is kept (0: none is).
+    ``reuse_seconds`` is how long an idle connection is kept (0: none is);
+    ``mx_session_limit`` is how many MX hosts that greeted and failed temporarily are
+    tried per envelope (Postfix's ``smtp_mx_session_limit``).
     ``ssl_context`` verifies smarthost certificates (``ssl.create_default_context()``
     when ``None``); ``clock`` gives the time in seconds, for the session's deadline and
     the connections' idle time.
@@ -390,12 +573,14 @@ class SMTPTransport:
         hostname: str,
         timeouts: Timeouts,
         reuse_seconds: float,
+        mx_session_limit: int = 2,
         ssl_context: ssl.SSLContext | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._hostname = hostname
         self._timeouts = timeouts
         self._reuse_seconds = max(0.0, reuse_seconds)
+        self._mx_session_limit = mx_session_limit
         # Made when a session first needs TLS: loading the system's CA certificates
         # takes tens of milliseconds, which a worker relaying in plain text never needs.
         self._contexts: dict[bool, ssl.SSLContext] = {} if ssl_context is None else {True: ssl_context}
@@ -418,9 +603,9 @@ class SMTPTransport:
         recipients = list(dict.fromkeys(envelope.recipients))
         outcomes: dict[str, Outcome] = {}
 
-        def finish(remote_host: str | None = None, option_error: RouteOptionError | None = None) -> SMTPDelivery:
+        def finish(remote_host: str | None = None, option_error: RouteOptionError | None = None, *, tls: bool = False) -> SMTPDelivery:
             return SMTPDelivery(
-                outcomes={r: outcomes[r] for r in recipients}, remote_host=remote_host, option_error=option_error
+                outcomes={r: outcomes[r] for r in recipients}, remote_host=remote_host, tls=tls, option_error=option_error
             )
 
         problem = mailbox_problem(envelope.sender) if envelope.sender else None
@@ -448,16 +633,25 @@ class SMTPTransport:
         message = _Message.of(envelope.message)
         last: _StepError | None = None
         last_host: Host | None = None
+        # Postfix's smtp_mx_session_limit: hosts that refuse the connection cost little,
+        # each that greets and then fails costs a session; a smarthost is one host anyway.
+        session_limit = self._mx_session_limit if route.type == "mx" else 0
+        greeted_failures = 0
         for host in hosts:
             if self._clock() >= deadline:
                 if last is None:
-                    last = self._expired("before connecting")
+                    last = self._expired("connecting")
+                break
+            if session_limit and greeted_failures >= session_limit:
+                logger.debug("%s: MX_SESSION_LIMIT (%s) reached; %s not tried", envelope.item_id, session_limit, host)
                 break
             while True:  # again while a pooled connection turns out stale: the next, or a new one
                 try:
                     session = self._session(host, policy, route, envelope.item_id, deadline)
                 except _StepError as failure:
                     last, last_host = failure, host
+                    if failure.greeted and failure.status is RecipientStatus.DEFERRED:
+                        greeted_failures += 1
                     if failure.reply.code is None:  # a server's reply was logged with its step
                         logger.debug("%s %s: %s", envelope.item_id, host, failure.reply.text)
                     break
@@ -465,12 +659,13 @@ class SMTPTransport:
                     self._option_failed(failure.error, pending, outcomes)
                     return finish(host.name, failure.error)
                 if self._transact(session, envelope, message, pending, outcomes, deadline):
-                    return finish(host.name)
+                    return finish(host.name, tls=session.conn.tls)
 
         if last is None:
             last = _StepError(_own("4.4.4", "There is no host to deliver to."))
         outcomes.update((r, Outcome(status=last.status, reply=last.reply)) for r in pending)
-        return finish(last_host.name if last.answered and last_host is not None else None)
+        answered = last.answered and last_host is not None
+        return finish(last_host.name if answered and last_host is not None else None, tls=answered and last.tls)
 
     def close_idle(self) -> None:
         """QUIT and close the pooled connections idle longer than ``reuse_seconds``."""
@@ -504,22 +699,23 @@ class SMTPTransport:
         reply = _own("4.3.5", f"The route's configuration was refused: {error.message}")
         outcomes.update((r, Outcome(status=RecipientStatus.DEFERRED, reply=reply)) for r in pending)
 
-    def _expired(self, when: str) -> _StepError:
-        return _StepError(_own("4.4.2", f"The session's time limit ({self._timeouts.session:g} s) ran out {when}"))
+    def _session_limit_text(self) -> str:
+        return f'the session\'s time limit, TIMEOUTS["SESSION"] ({self._timeouts.session:g} s),'
 
-    def _timeout(self, step: float, deadline: float, when: str) -> float:
-        """Return the timeout of a step: ``step``, or the time left if shorter."""
-        left = deadline - self._clock()
-        if left <= 0:
-            raise self._expired(when)
-        return min(step, left)
+    def _expired(self, doing: str) -> _StepError:
+        return _StepError(_own("4.4.2", f"{self._session_limit_text().capitalize()} ran out before {doing}"))
 
-    def _arm(self, conn: _Connection, step: float, deadline: float, when: str) -> None:
-        timeout = self._timeout(step, deadline, when)
-        if conn.sock is None:
-            raise smtplib.SMTPServerDisconnected("not connected")
-        if conn.sock.gettimeout() != timeout:  # settimeout() costs two system calls
-            conn.sock.settimeout(timeout)
+    def _arm(self, conn: _Connection, step: str, deadline: float, doing: str) -> None:
+        """Start a step of ``conn``: it may last its own timeout (RFC 5321 §4.5.3.2) or
+        what is left of the session, whichever ends first, however the peer sends."""
+        now = self._clock()
+        if deadline - now <= 0:
+            raise self._expired(doing)
+        seconds = getattr(self._timeouts, step)
+        if now + seconds <= deadline:
+            conn.arm(_Step(ends_at=now + seconds, limit=f'TIMEOUTS["{step.upper()}"] ({seconds:g} s)', doing=doing))
+        else:
+            conn.arm(_Step(ends_at=deadline, limit=self._session_limit_text(), doing=doing))
 
     def _tls_context(self, *, verify: bool) -> ssl.SSLContext:
         with self._lock:
@@ -536,7 +732,7 @@ class SMTPTransport:
                 session.reused = True
                 return session
             try:
-                self._arm(session.conn, self._timeouts.mail, deadline, "before RSET")
+                self._arm(session.conn, "mail", deadline, "waiting for the reply to RSET")
                 code, _ = session.conn.rset()
             except (OSError, _StepError):
                 code = -1
@@ -550,14 +746,24 @@ class SMTPTransport:
     def _connect(self, host: Host, key: _Key, route: Route, item_id: str, deadline: float, *, starttls: bool) -> _Session:
         """Open a session with ``host`` up to AUTH; raise ``_StepError`` to try the next host."""
         policy = key.policy
-        t = self._timeouts
         conn = _Connection(
             local_hostname=self._hostname,
-            address=host.address,
-            connect_timeout=self._timeout(t.connect, deadline, "before connecting"),
-            greeting_timeout=lambda: self._timeout(t.greeting, deadline, "before the greeting"),
+            host=host,
+            clock=self._clock,
+            on_connected=lambda: self._arm(conn, "greeting", deadline, "waiting for the greeting"),
             implicit_tls=self._tls_context(verify=policy.verify) if policy.tls is _TLS.IMPLICIT else None,
         )
+        self._arm(conn, "connect", deadline, "connecting")
+        try:
+            return self._open(conn, host, key, route, item_id, deadline, starttls=starttls)
+        except _StepError as failure:
+            failure.greeted, failure.tls = failure.greeted or conn.heard, conn.tls
+            raise
+
+    def _open(
+        self, conn: _Connection, host: Host, key: _Key, route: Route, item_id: str, deadline: float, *, starttls: bool
+    ) -> _Session:
+        policy = key.policy
         try:
             try:
                 code, raw = conn.connect(host.name, host.port)
@@ -604,7 +810,7 @@ class SMTPTransport:
 
     def _hello(self, conn: _Connection, host: Host, item_id: str, deadline: float) -> None:
         """EHLO, or HELO when EHLO gets a 5xx reply."""
-        self._arm(conn, self._timeouts.greeting, deadline, "before EHLO")
+        self._arm(conn, "greeting", deadline, "waiting for the reply to EHLO")
         try:
             code, raw = conn.ehlo(self._hostname)
         except ValueError as error:
@@ -615,7 +821,7 @@ class SMTPTransport:
         if not 500 <= code < 600:
             self._quit(conn)
             raise _StepError.of_reply(code, raw, when="to EHLO")
-        self._arm(conn, self._timeouts.greeting, deadline, "before HELO")
+        self._arm(conn, "greeting", deadline, "waiting for the reply to HELO")
         code, raw = conn.helo(self._hostname)
         logger.debug("%s %s: HELO -> %s", item_id, host, code)
         if not 200 <= code < 300:
@@ -632,10 +838,10 @@ class SMTPTransport:
                 self._quit(conn)
                 raise _StepError(_own("4.7.0", f"TLS is required but {host} does not offer STARTTLS"), answered=True)
             return True
-        self._arm(conn, self._timeouts.greeting, deadline, "before STARTTLS")
+        self._arm(conn, "greeting", deadline, "waiting for the reply to STARTTLS")
         try:
             code, raw = conn.starttls(context=context)
-        except smtplib.SMTPServerDisconnected:
+        except (smtplib.SMTPServerDisconnected, _DeadlineError):
             raise
         except smtplib.SMTPResponseException as error:  # smtplib raises for any reply but 220
             code, raw = error.smtp_code, _raw(error)
@@ -647,6 +853,7 @@ class SMTPTransport:
                 raise _StepError(_own("4.4.2", f"Timed out in the TLS handshake with {host}")) from None
             raise _StepError(_own("4.7.5", f"TLS handshake with {host} failed: {error}"), answered=True) from None
         logger.debug("%s %s: STARTTLS -> %s", item_id, host, code)
+        conn.tls = code == 220
         if code != 220:
             if required:
                 self._quit(conn)
@@ -654,7 +861,7 @@ class SMTPTransport:
                 text = f"TLS is required but {host} refused STARTTLS: {code} {refused.text}"
                 raise _StepError(_own("4.7.0", text), answered=True)
             return True  # opportunistic: go on in plain text
-        self._arm(conn, self._timeouts.greeting, deadline, "before EHLO")
+        self._arm(conn, "greeting", deadline, "waiting for the reply to EHLO")
         code, raw = conn.ehlo(self._hostname)
         logger.debug("%s %s: EHLO -> %s", item_id, host, code)
         if code != 250:
@@ -663,7 +870,9 @@ class SMTPTransport:
         return True
 
     def _login(self, conn: _Connection, host: Host, username: str, password: str, item_id: str, deadline: float) -> None:
-        self._arm(conn, self._timeouts.greeting, deadline, "before AUTH")
+        self._arm(conn, "greeting", deadline, "waiting for the reply to AUTH")
+        # A server may echo what AUTH sent in its replies; none of it may be kept.
+        conn.redact(username, password)
         try:
             code, _ = conn.login(username, password)
         except smtplib.SMTPAuthenticationError as error:
@@ -733,14 +942,18 @@ class SMTPTransport:
         outcome = Outcome(status=failure.status, reply=failure.reply)
         outcomes.update((r, outcome) for r in pending if r not in outcomes)
 
-    def _command(self, session: _Session, item_id: str, step: float, deadline: float, verb: str, args: str = "") -> tuple[int, bytes]:
-        self._arm(session.conn, step, deadline, f"before {verb}")
-        session.conn.putcmd(verb, args)
-        return self._reply(session, item_id, step, deadline, verb, args)
-
-    def _reply(self, session: _Session, item_id: str, step: float, deadline: float, verb: str, args: str = "") -> tuple[int, bytes]:
-        """Read the reply to ``verb``, sent already; a 421 or a malformed reply raises."""
+    def _command(self, session: _Session, item_id: str, step: str, deadline: float, verb: str, args: str = "") -> tuple[int, bytes]:
+        """Send ``verb`` and read its reply, the two within one step."""
         self._arm(session.conn, step, deadline, f"waiting for the reply to {verb}")
+        session.conn.putcmd(verb, args)
+        return self._reply(session, item_id, step, deadline, verb, args, armed=True)
+
+    def _reply(
+        self, session: _Session, item_id: str, step: str, deadline: float, verb: str, args: str = "", *, armed: bool = False
+    ) -> tuple[int, bytes]:
+        """Read the reply to ``verb``, sent already; a 421 or a malformed reply raises."""
+        if not armed:
+            self._arm(session.conn, step, deadline, f"waiting for the reply to {verb}")
         code, raw = session.conn.getreply()
         logger.debug("%s %s: %s -> %s", item_id, session.host, f"{verb} {args}".rstrip(), code)
         if code == 421:
@@ -759,7 +972,7 @@ class SMTPTransport:
         deadline: float,
     ) -> None:
         """Run transactions until every recipient of ``pending`` has an outcome."""
-        conn, t, item_id = session.conn, self._timeouts, envelope.item_id
+        conn, item_id = session.conn, envelope.item_id
         utf8 = conn.has_extn("smtputf8")
         if not utf8:
             reply = _own("5.6.7", f"{session.host} does not offer SMTPUTF8, which this non-ASCII address needs")
@@ -794,7 +1007,7 @@ class SMTPTransport:
                 conn.command_encoding = "utf-8"  # RSET sets it back to ASCII
             mail_args = f"FROM:<{envelope.sender}>" + "".join(f" {o}" for o in options)
             try:
-                code, raw = self._command(session, item_id, t.mail, deadline, "MAIL", mail_args)
+                code, raw = self._command(session, item_id, "mail", deadline, "MAIL", mail_args)
             except ValueError as error:  # refused by smtplib, nothing was sent
                 reply = _own("5.1.7", f"smtplib refused the sender address: {error}")
                 outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=reply)) for r in todo)
@@ -820,7 +1033,7 @@ class SMTPTransport:
         """One transaction with RFC 2920 pipelining: ``[RSET] MAIL RCPT... DATA`` in one
         write, their replies read in order, then the message; return the recipients
         left for another transaction (after a 452)."""
-        conn, t, item_id = session.conn, self._timeouts, envelope.item_id
+        conn, item_id = session.conn, envelope.item_id
         encoding = "utf-8" if "SMTPUTF8" in options else "ascii"
         mail_args = f"FROM:<{envelope.sender}>" + "".join(f" {o}" for o in options)
         try:
@@ -843,11 +1056,11 @@ class SMTPTransport:
         if reset:
             group.insert(0, b"RSET\r\n")
         group.append(b"DATA\r\n")
-        self._arm(conn, t.mail, deadline, "before MAIL")
+        self._arm(conn, "mail", deadline, "sending MAIL")
         try:
             conn.send(b"".join(group))
             if reset:
-                code, raw = self._reply(session, item_id, t.mail, deadline, "RSET")
+                code, raw = self._reply(session, item_id, "mail", deadline, "RSET")
                 if not 200 <= code < 300:
                     raise _StepError.of_reply(code, raw, when="to RSET")
         except (OSError, smtplib.SMTPException, _StepError) as error:
@@ -855,12 +1068,12 @@ class SMTPTransport:
                 raise _StaleConnectionError from error
             raise
         session.reused = False
-        mail_code, mail_raw = self._reply(session, item_id, t.mail, deadline, "MAIL", mail_args)
+        mail_code, mail_raw = self._reply(session, item_id, "mail", deadline, "MAIL", mail_args)
         accepted: list[str] = []
         left: list[str] = []
         too_many: Outcome | None = None
         for recipient in sent:
-            code, raw = self._reply(session, item_id, t.rcpt, deadline, "RCPT", f"TO:<{recipient}>")
+            code, raw = self._reply(session, item_id, "rcpt", deadline, "RCPT", f"TO:<{recipient}>")
             if not 200 <= mail_code < 300:
                 continue  # refused after a refused MAIL: the MAIL reply decides
             if code == 452:
@@ -870,7 +1083,7 @@ class SMTPTransport:
                 accepted.append(recipient)
             else:
                 outcomes[recipient] = _outcome(code, raw)
-        code, raw = self._reply(session, item_id, t.data, deadline, "DATA")
+        code, raw = self._reply(session, item_id, "data", deadline, "DATA")
         if not 200 <= mail_code < 300:
             outcome = _outcome(mail_code, mail_raw)
             outcomes.update((r, outcome) for r in sent)
@@ -908,9 +1121,9 @@ class SMTPTransport:
     def _end_empty_data(self, session: _Session, item_id: str, deadline: float) -> None:
         # DATA went with the recipients, every one was refused, and yet the server
         # said 354: end the message at once; no recipient takes it (RFC 2920 §3.1).
-        self._arm(session.conn, self._timeouts.data_block, deadline, "while ending an empty message")
+        self._arm(session.conn, "data_block", deadline, "ending an empty message")
         session.conn.send(b".\r\n")
-        self._reply(session, item_id, self._timeouts.data_end, deadline, "DATA (empty)")
+        self._reply(session, item_id, "data_end", deadline, "DATA (empty)")
 
     def _recipients(
         self,
@@ -922,13 +1135,13 @@ class SMTPTransport:
         deadline: float,
     ) -> list[str]:
         """RCPT each of ``todo`` then DATA, in the open transaction; return the recipients left for another."""
-        t, item_id = self._timeouts, envelope.item_id
+        item_id = envelope.item_id
         accepted: list[str] = []
         left: list[str] = []
         too_many: Outcome | None = None
         for index, recipient in enumerate(todo):
             try:
-                code, raw = self._command(session, item_id, t.rcpt, deadline, "RCPT", f"TO:<{recipient}>")
+                code, raw = self._command(session, item_id, "rcpt", deadline, "RCPT", f"TO:<{recipient}>")
             except ValueError as error:  # refused by smtplib, nothing was sent
                 reply = _own("5.1.3", f"smtplib refused the recipient address: {error}")
                 outcomes[recipient] = Outcome(status=RecipientStatus.FAILED, reply=reply)
@@ -946,14 +1159,14 @@ class SMTPTransport:
             outcomes.update((r, too_many) for r in left)
             left = []
         if accepted:
-            code, raw = self._command(session, item_id, t.data, deadline, "DATA")
+            code, raw = self._command(session, item_id, "data", deadline, "DATA")
             self._after_data(session, item_id, code, raw, message, accepted, outcomes, deadline)
         elif not left:
             self._rset(session, item_id, deadline)  # no DATA: close the transaction (the next one starts with RSET)
         return left
 
     def _rset(self, session: _Session, item_id: str, deadline: float) -> None:
-        code, raw = self._command(session, item_id, self._timeouts.mail, deadline, "RSET")
+        code, raw = self._command(session, item_id, "mail", deadline, "RSET")
         if not 200 <= code < 300:
             raise _StepError.of_reply(code, raw, when="to RSET")
 
@@ -961,15 +1174,15 @@ class SMTPTransport:
         self, session: _Session, item_id: str, message: _Message, accepted: list[str], outcomes: dict[str, Outcome], deadline: float
     ) -> None:
         """Send the message after a 354; its reply decides every accepted recipient."""
-        conn, t = session.conn, self._timeouts
+        conn = session.conn
         view = memoryview(message.data)
         for start in range(0, len(view), BLOCK_SIZE):
-            self._arm(conn, t.data_block, deadline, "while sending the message")
+            self._arm(conn, "data_block", deadline, "sending the message")
             try:
                 conn.send(view[start : start + BLOCK_SIZE])
             except smtplib.SMTPServerDisconnected as error:
                 raise _lost(error, session.host, "while sending the message") from None
-        self._arm(conn, t.data_end, deadline, "before the reply to the message")
+        self._arm(conn, "data_end", deadline, "waiting for the reply to the message")
         try:
             code, raw = conn.getreply()
         except smtplib.SMTPServerDisconnected as error:
@@ -1018,9 +1231,10 @@ class SMTPTransport:
         """QUIT, briefly and without minding the answer, then close."""
         try:
             if conn.sock is not None:
-                conn.sock.settimeout(min(_QUIT_TIMEOUT, self._timeouts.mail))
+                seconds = min(_QUIT_TIMEOUT, self._timeouts.mail)
+                conn.arm(_Step(ends_at=self._clock() + seconds, limit=f"{seconds:g} s", doing="waiting for the reply to QUIT"))
                 conn.quit()
-        except OSError:
+        except (OSError, _StepError):
             pass
         finally:
             conn.close()
