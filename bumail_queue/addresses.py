@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import unicodedata
 
 from .errors import ErrorCode, QueueError
 from .text import unkeepable_reason
@@ -32,7 +33,24 @@ _LET_DIG = r"[^\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]"
 _LDH = r"[^\x00-\x2c\x2e\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]"
 _LABEL = re.compile(rf"{_LET_DIG}(?:{_LDH}*{_LET_DIG})?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Unicode's controls (Cc: C0 and C1), format characters (Cf: bidi embeddings,
+# overrides and isolates, U+061C, zero-width spaces, U+FEFF...) and the line and
+# paragraph separators (Zl, Zp). None is visible: in a log line or the admin they
+# reorder or hide what is around them, and Python's str.splitlines() breaks a DSN's
+# To header at U+2028 (RFC 3464 §2.1: a DSN goes to the envelope sender).
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+# ZWNJ and ZWJ are spelling in Persian and Indic scripts, which IDNA allows in
+# labels (RFC 5892 Appendix A.1, A.2) and RFC 6531 allows in local parts.
+_JOINERS = frozenset({"\u200c", "\u200d"})
 _GENERAL_LITERAL = re.compile(r"[A-Za-z0-9-]*[A-Za-z0-9]:[\x21-\x5a\x5e-\x7e]+")
+
+
+def _invisible_character(address: str) -> str | None:
+    """Return the first control or format character of a non-ASCII ``address``, if any."""
+    for char in address:
+        if not char.isascii() and char not in _JOINERS and unicodedata.category(char) in _INVISIBLE_CATEGORIES:
+            return char
+    return None
 
 
 def _local_part_problem(local: str) -> str | None:
@@ -99,6 +117,10 @@ def mailbox_problem(address: str) -> str | None:
         return reason
     if _CONTROL.search(address):
         return "it holds a control character (CR, LF, TAB or another)"
+    if not address.isascii():
+        invisible = _invisible_character(address)
+        if invisible is not None:
+            return f"it holds U+{ord(invisible):04X}, an invisible control or format character"
     if len(address.encode("utf-8")) + 2 > MAX_PATH:
         return f"it is longer than {MAX_PATH - 2} octets"
     local, at, domain = address.rpartition("@")

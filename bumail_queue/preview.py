@@ -29,6 +29,11 @@ BODY_LIMIT = 512 * 1024
 #: Inline images (``cid:``) shown in the HTML preview, together at most this large.
 INLINE_IMAGES_LIMIT = 2 * 1024 * 1024
 _INLINE_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+#: MIME parts nested deeper than this are not previewed: the headers are shown, with a
+#: notice. Postfix's ``mime_nesting_limit`` has the same default; the email package's
+#: parser and ``walk()`` recurse once per level and reach Python's recursion limit
+#: near a thousand.
+MIME_NESTING_LIMIT = 100
 
 #: What a preview's document may load: inline styles and the message's own inline
 #: images (as data: URIs), nothing else. No script source at all.
@@ -80,6 +85,13 @@ class MessagePreview:
     html: str | None
     attachments: list[Attachment]
     truncated: bool = False
+    #: The MIME parts nest deeper than ``MIME_NESTING_LIMIT``: only the headers are shown.
+    too_deep: bool = False
+
+    @property
+    def nesting_limit(self) -> int:
+        """Return how deep MIME parts may nest to be shown (for the admin's notice)."""
+        return MIME_NESTING_LIMIT
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -102,7 +114,8 @@ def _header_text(message: email.message.Message, name: str) -> str:
         value = message.get(name)
         return "" if value is None else " ".join(str(value).split())
     except Exception:  # a malformed header: show what is there rather than fail the page
-        raw = message.get_all(name, failobj=[""])[0]
+        # raw_items() hands the value back as written; get() would parse it again.
+        raw = next((value for key, value in message.raw_items() if key.lower() == name.lower()), "")
         return " ".join(str(raw).split())
 
 
@@ -195,9 +208,40 @@ def srcdoc_for(sanitised: str) -> str:
     )
 
 
+def _nested_deeper_than(message: email.message.Message, limit: int) -> bool:
+    """Return whether ``message``'s parts nest more than ``limit`` levels, without recursion."""
+    stack: list[tuple[email.message.Message, int]] = [(message, 0)]
+    while stack:
+        part, depth = stack.pop()
+        if depth > limit:
+            return True
+        payload = part.get_payload()
+        if isinstance(payload, list):
+            stack.extend((child, depth + 1) for child in payload if isinstance(child, email.message.Message))
+    return False
+
+
+def _headers_only(data: bytes) -> MessagePreview:
+    """Return the preview of a message too deeply nested to take apart: its headers."""
+    message = _parse(header_block(data) + b"\r\n\r\n")
+    return MessagePreview(
+        headers=[(name, _header_text(message, name)) for name in dict.fromkeys(message.keys())],
+        subject=_header_text(message, "Subject"),
+        text=None,
+        html=None,
+        attachments=[],
+        too_deep=True,
+    )
+
+
 def preview(data: bytes) -> MessagePreview:
     """Return what the admin shows of a message."""
-    message = _parse(data)
+    try:
+        message = _parse(data)
+    except RecursionError:
+        return _headers_only(data)
+    if _nested_deeper_than(message, MIME_NESTING_LIMIT):
+        return _headers_only(data)
     headers = [(name, _header_text(message, name)) for name in dict.fromkeys(message.keys())]
     text_part, html_part = _body(message, "plain"), _body(message, "html")
     text, text_cut = _limited(None if text_part is None else _content(text_part))

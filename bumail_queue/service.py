@@ -73,15 +73,13 @@ class QueueService:
             if not isinstance(key, str) or not 0 < len(key) <= 255:
                 raise QueueError(ErrorCode.INVALID, "'key' must be a string of 1 to 255 characters.")
             require_keepable(key, "idempotency key")
+        limits = {"max_size": settings.max_message_size, "max_recipients": settings.max_recipients}
         if isinstance(message, EmailMessage):
-            prepared = mime.from_email_message(message, sender=sender, recipients=recipients, hostname=settings.hostname, now=now)
-        else:
-            prepared = mime.from_bytes(message, sender=sender, recipients=recipients, hostname=settings.hostname, now=now)
-        if len(prepared.data) > settings.max_message_size:
-            raise QueueError(
-                ErrorCode.TOO_LARGE,
-                f"The message is {len(prepared.data)} bytes; MAX_MESSAGE_SIZE is {settings.max_message_size}.",
+            prepared = mime.from_email_message(
+                message, sender=sender, recipients=recipients, hostname=settings.hostname, now=now, **limits
             )
+        else:
+            prepared = mime.from_bytes(message, sender=sender, recipients=recipients, hostname=settings.hostname, now=now, **limits)
         return NewItem(
             id=str(uuid.uuid4()),
             sender=prepared.sender,

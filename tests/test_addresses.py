@@ -37,6 +37,7 @@ VALID = [
     pytest.param("user@a-b.example", id="inner-hyphen"),
     pytest.param(LONGEST, id="path-254"),
     pytest.param("postmaster@localhost", id="one-label"),
+    pytest.param("\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645@example.org", id="persian-zwnj"),
 ]
 
 INVALID = [
@@ -63,6 +64,10 @@ INVALID = [
     pytest.param("us\x7fer@example.org", "control character", id="del"),
     pytest.param("us\x00er@example.org", "NUL", id="nul"),
     pytest.param("\ud800@example.org", "lone surrogate", id="lone-surrogate"),
+    pytest.param("a\x85b@example.org", "U+0085, an invisible control or format character", id="c1-nel"),
+    pytest.param('"a\u2028b"@example.org', "U+2028", id="line-separator-quoted"),
+    pytest.param("admin\u202egro.elpmaxe@example.org", "U+202E", id="bidi-override"),
+    pytest.param("user@exa\u200bmple.org", "U+200B", id="zero-width-space-domain"),
     pytest.param("john smith@example.org", "neither a dot-atom nor a quoted string", id="unquoted-space"),
     pytest.param('"unterminated@example.org', "neither a dot-atom nor a quoted string", id="open-quote"),
     pytest.param("a(comment)@example.org", "neither a dot-atom nor a quoted string", id="comment"),
