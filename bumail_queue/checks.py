@@ -55,3 +55,26 @@ def check_plaintext_auth(app_configs: Sequence[AppConfig] | None = None, **kwarg
         for where, route in routes.items()
         if route.get("TYPE") == "smarthost" and route.get("TLS") == "none" and route.get("USERNAME")
     ]
+
+
+@checks.register("bumail_queue")
+def check_unverified_auth(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn about a smarthost that would log in to a server whose certificate is not verified."""
+    raw = getattr(django_settings, SETTING_NAME, {})
+    if validate(raw):
+        return []
+    routes = {"ROUTE": raw.get("ROUTE", {}), **{f"ROUTES[{d!r}]": r for d, r in raw.get("ROUTES", {}).items()}}
+    return [
+        checks.Warning(
+            f"BUMAIL_QUEUE['{where}'] sends USERNAME and PASSWORD to a smarthost whose certificate it does not "
+            "verify (TLS_VERIFY is False): anyone on the path can pose as the server and take them.",
+            hint="Remove 'TLS_VERIFY': False, so that the certificate is verified against the system's "
+            "trusted certificates (add a private CA there), or drop the credentials.",
+            obj=SETTING_NAME,
+            id="bumail_queue.W002",
+        )
+        for where, route in routes.items()
+        # TLS "none" with credentials is W001's: no TLS at all, let alone a verified one.
+        if route.get("TYPE") == "smarthost" and route.get("TLS", "starttls") != "none"
+        and route.get("TLS_VERIFY") is False and route.get("USERNAME")
+    ]

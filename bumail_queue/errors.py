@@ -24,6 +24,8 @@ class ErrorCode(enum.StrEnum):
     INVALID_OPTION = "INVALID_OPTION"
     #: The store (database, Redis) could not be reached or refused the operation.
     STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
+    #: The store has no room for the write (Redis at ``maxmemory``); nothing was written.
+    STORE_FULL = "STORE_FULL"
 
 
 class QueueError(Exception):

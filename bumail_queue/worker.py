@@ -1,13 +1,17 @@
 """The worker: claims due items, delivers them over SMTP, records every outcome.
 
 One ``Worker`` runs one claim loop in the calling thread and delivers on a pool of
-``CONCURRENCY`` threads (SMTP is I/O, and ``smtplib`` blocks). The loop:
+threads, one per session (SMTP is I/O, and ``smtplib`` blocks). The loop:
 
 1. claims up to ``CLAIM_BATCH_SIZE`` due items once fewer than half a batch (or
    ``CONCURRENCY``) wait to start, so the claim overlaps the last deliveries;
-2. starts each on a thread once its destinations have a free ``DOMAIN_CONCURRENCY``
-   slot (an item waiting for a busy domain never blocks the others);
-3. sleeps until a delivery ends, the store announces new work, or ``POLL_SECONDS``.
+2. starts each on a thread once fewer than ``CONCURRENCY`` sessions are making
+   progress and its destinations have a free ``DOMAIN_CONCURRENCY`` slot (an item
+   waiting for a busy domain never blocks the others). A session of a small message
+   that has run ``SLOW_SESSION_SECONDS`` is waiting on its peer: it leaves
+   ``CONCURRENCY`` for a budget of its own, so slow servers never starve the rest;
+3. sleeps until a delivery ends, a session turns slow while items wait, the store
+   announces new work, or ``POLL_SECONDS``.
 
 A delivery thread hands its attempt to the recorder thread and takes the next item
 while the outcome is written: the recorder lets a batch fill while sessions are under
@@ -71,6 +75,24 @@ PREFETCH_BATCH_LIMIT = 16 * 1024 * 1024
 """A claim's messages up to this size are read with it, in one query, at most this
 much per claim; larger ones are read when their session starts."""
 
+SLOW_SESSION_SECONDS = 2.0
+"""A session under way this long, its message small, is waiting on its peer and stops
+counting against ``CONCURRENCY``. A healthy session ends sooner, TLS included, even
+across the world (about ten round trips); honest servers can be slower (Postfix's
+postscreen may hold its greeting for 6 s), and they should not hold a slot either."""
+
+SLOW_SESSIONS_PER_SLOT = 10
+"""How many sessions waiting on their peers a worker keeps beyond ``CONCURRENCY``, for
+each of its slots: a thread blocked in ``recv`` costs little, but a flood of slow
+servers must not make threads without end."""
+
+SLOW_SESSION_MESSAGE_LIMIT = PREFETCH_MESSAGE_LIMIT
+"""A session whose message is larger keeps its ``CONCURRENCY`` slot however long it
+runs: sending it may be what takes the time, and the session holds it in memory."""
+
+POOL_IDLE_SECONDS = 60.0
+"""A delivery thread beyond ``CONCURRENCY`` ends once it has had no session this long."""
+
 Clock = Callable[[], datetime]
 
 LOST_MESSAGE_REPLY = Reply(
@@ -108,12 +130,14 @@ class Attempt:
 
 @dataclasses.dataclass(kw_only=True, slots=True)
 class Stats:
-    """What a worker did: items attempted, and recipients by outcome."""
+    """What a worker did: items attempted, recipients by outcome, and store failures."""
 
     items: int = 0
     delivered: int = 0
     deferred: int = 0
     failed: int = 0
+    #: Claims the store refused, and batches whose outcomes it could not record.
+    store_errors: int = 0
 
 
 def close_broken_connections() -> None:
@@ -133,30 +157,71 @@ def default_owner() -> str:
 
 
 class _Pool:
-    """A fixed set of threads; each closes its own database connections when it ends."""
+    """Threads started as jobs need them, up to ``limit``: ``size`` of them stay, the
+    others end after ``POOL_IDLE_SECONDS`` without a job. Each closes its own database
+    connections when it ends."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, *, size: int, limit: int) -> None:
+        self._size = size
+        self._limit = limit
         self._jobs: queue_module.SimpleQueue[Callable[[], None] | None] = queue_module.SimpleQueue()
-        self._threads = [
-            threading.Thread(target=self._serve, name=f"bumail-queue-delivery-{n}", daemon=True) for n in range(size)
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._lock = threading.Lock()
+        self._threads: set[threading.Thread] = set()
+        self._idle = 0  # threads waiting for a job
+        self._queued = 0  # jobs submitted and not yet taken
+        self._named = 0
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            self._queued += 1
+            # Each queued job needs a thread waiting for it; at the limit, it waits for
+            # a session to end (the worker never starts more sessions than the limit).
+            if self._queued > self._idle and len(self._threads) < self._limit:
+                self._start_thread()
+        self._jobs.put(job)
+
+    def _start_thread(self) -> None:
+        thread = threading.Thread(target=self._serve, name=f"bumail-queue-delivery-{self._named}", daemon=True)
+        self._named += 1
+        self._threads.add(thread)
+        thread.start()
 
     def _serve(self) -> None:
         try:
-            while (job := self._jobs.get()) is not None:
+            while (job := self._next_job()) is not None:
                 job()
         finally:
             connections.close_all()
 
-    def submit(self, job: Callable[[], None]) -> None:
-        self._jobs.put(job)
+    def _next_job(self) -> Callable[[], None] | None:
+        """Wait for a job; ``None`` at shutdown, or when this thread is one too many."""
+        while True:
+            with self._lock:
+                self._idle += 1
+            try:
+                job = self._jobs.get(timeout=POOL_IDLE_SECONDS)
+            except queue_module.Empty:
+                with self._lock:
+                    self._idle -= 1
+                    # Stay while a job is queued that no other idle thread will take.
+                    if len(self._threads) > self._size and self._queued <= self._idle:
+                        self._threads.discard(threading.current_thread())
+                        return None
+                continue
+            with self._lock:
+                self._idle -= 1
+                if job is None:
+                    self._threads.discard(threading.current_thread())
+                else:
+                    self._queued -= 1
+            return job
 
     def shutdown(self) -> None:
-        for _ in self._threads:
+        with self._lock:
+            threads = list(self._threads)
+        for _ in threads:
             self._jobs.put(None)
-        for thread in self._threads:
+        for thread in threads:
             thread.join()
 
 
@@ -198,6 +263,8 @@ class Worker:
         # Started and not yet recorded; of those, the ones whose session has ended.
         self._in_flight: dict[str, QueueItem] = {}
         self._ended: set[str] = set()
+        # The sessions under way: when each started, and whether it may turn slow.
+        self._sessions: dict[str, _Session] = {}
         self._to_record: queue_module.SimpleQueue[Attempt | None] = queue_module.SimpleQueue()
         self._prefetched: dict[str, bytes] = {}
         self._busy: Counter[str] = Counter()
@@ -216,6 +283,7 @@ class Worker:
             hostname=self.settings.hostname,
             timeouts=self.settings.timeouts,
             reuse_seconds=self.settings.connection_reuse_seconds,
+            mx_session_limit=self.settings.mx_session_limit,
         )
 
     @property
@@ -232,6 +300,8 @@ class Worker:
             nameservers=self.settings.dns_nameservers,
             port=self.settings.mx_port,
             timeout=min(30.0, self.settings.timeouts.session),
+            allowed_networks=self.settings.allowed_private_networks,
+            address_limit=self.settings.mx_address_limit,
         )
 
     # -- control ----------------------------------------------------------------------
@@ -264,7 +334,7 @@ class Worker:
 
     def run(self) -> Stats:
         """Run the claim loop until ``stop()`` (or, in burst mode, until nothing is due)."""
-        pool = _Pool(self.concurrency)
+        pool = _Pool(size=self.concurrency, limit=self.concurrency + self._slow_session_limit)
         renewer = threading.Thread(target=self._renew_leases, name="bumail-queue-leases", daemon=True)
         renewer.start()
         recorder = threading.Thread(target=self._record_loop, name="bumail-queue-recorder", daemon=True)
@@ -300,7 +370,7 @@ class Worker:
             with self._changed:
                 if self.burst and not self._waiting and not self._in_flight:
                     return
-            self._idle(self.settings.poll_seconds)
+            self._idle(self._idle_seconds())
             self.transport.close_idle()
 
     def _idle(self, seconds: float) -> None:
@@ -339,6 +409,7 @@ class Worker:
         try:
             claimed = self.store.claim(owner=self.owner, now=now, lease_until=until, limit=limit)
         except QueueError as error:
+            self.stats.store_errors += 1
             self._report_error(error, None)
             self._stopping.wait(min(self.settings.poll_seconds, 5))
             return []
@@ -375,7 +446,8 @@ class Worker:
         with self._changed:
             if self.stopping:
                 return  # what waits is given back, not started
-            sessions = self._sessions_under_way()
+            now = time.monotonic()
+            sessions = self._sessions_making_progress(now)
             still_waiting = []
             for index, (item, keys) in enumerate(self._waiting):
                 if sessions >= self.concurrency:
@@ -386,6 +458,7 @@ class Worker:
                     continue
                 self._busy.update(keys)
                 self._in_flight[item.id] = item
+                self._sessions[item.id] = _Session(started=now, may_turn_slow=item.size <= SLOW_SESSION_MESSAGE_LIMIT)
                 sessions += 1
                 self._sessions_idle.clear()
                 pool.submit(functools.partial(self._deliver, item, keys, pool))
@@ -394,6 +467,7 @@ class Worker:
     def _session_ended(self, item: QueueItem, keys: set[str], pool: _Pool, *, to_record: bool) -> None:
         # The session's slots are free for the next item; the lease stays until recorded.
         with self._changed:
+            self._sessions.pop(item.id, None)
             self._busy.subtract(keys)
             self._busy += Counter()  # drop the keys that reached zero
             if to_record:
@@ -409,6 +483,38 @@ class Worker:
         """How many items are being delivered (call with ``_changed`` held): started,
         their session not yet ended."""
         return len(self._in_flight) - len(self._ended)
+
+    @property
+    def _slow_session_limit(self) -> int:
+        """How many slow sessions may run beyond ``CONCURRENCY``."""
+        return self.concurrency * SLOW_SESSIONS_PER_SLOT
+
+    def _slow_sessions(self, now: float) -> int:
+        """How many sessions under way wait on their peers (call with ``_changed`` held)."""
+        return sum(1 for session in self._sessions.values() if session.is_slow(now))
+
+    def _sessions_making_progress(self, now: float) -> int:
+        """The sessions that count against ``CONCURRENCY`` (call with ``_changed`` held):
+        all those under way but the slow ones, up to the slow sessions' own limit."""
+        return len(self._sessions) - min(self._slow_sessions(now), self._slow_session_limit)
+
+    def _seconds_until_a_session_turns_slow(self) -> float | None:
+        """When a session under way next frees a ``CONCURRENCY`` slot by turning slow,
+        if an item waits for one and the slow sessions' budget can take it (call with
+        ``_changed`` held); ``None`` if no turn would start anything."""
+        now = time.monotonic()
+        if not self._waiting or self._sessions_making_progress(now) < self.concurrency:
+            return None  # nothing waits, or it waits for its destination, not for a slot
+        if self._slow_sessions(now) >= self._slow_session_limit:
+            return None  # a slot frees only when a session ends
+        turns = [session.turns_slow_at - now for session in self._sessions.values() if session.may_turn_slow and not session.is_slow(now)]
+        return min(turns, default=None)
+
+    def _idle_seconds(self) -> float:
+        """How long the loop may sleep: ``POLL_SECONDS``, or less when a slot frees sooner."""
+        with self._changed:
+            turn = self._seconds_until_a_session_turns_slow()
+        return self.settings.poll_seconds if turn is None else max(0.0, min(self.settings.poll_seconds, turn))
 
     def _wake_loop_if_needed(self) -> None:
         """Wake the loop when it has something to do (call with ``_changed`` held): claim
@@ -625,6 +731,7 @@ class Worker:
             except QueueError as error:
                 delay = next(delays, None) if error.code == ErrorCode.STORE_UNAVAILABLE else None
                 if delay is None:
+                    self.stats.store_errors += 1
                     for attempt in attempts:
                         self._report_error(error, attempt.item.id)
                     return [None] * len(attempts)
@@ -763,6 +870,23 @@ class Worker:
     def _report_error(self, error: BaseException, item_id: str | None) -> None:
         logger.warning("error item=%s %s", item_id, error, extra={"action": "error", "item_id": item_id})
         signals.send(signals.error, error=error, item_id=item_id)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class _Session:
+    """A session under way, as the worker sees it from its own side."""
+
+    started: float  # time.monotonic()
+    may_turn_slow: bool
+
+    @property
+    def turns_slow_at(self) -> float:
+        return self.started + SLOW_SESSION_SECONDS
+
+    def is_slow(self, now: float) -> bool:
+        # A small message goes out in a round trip or two: a session of one that has
+        # run this long spends its time waiting for the peer's replies.
+        return self.may_turn_slow and now >= self.turns_slow_at
 
 
 def _expired(outcome: Outcome, max_age: timedelta) -> Outcome:

@@ -173,3 +173,29 @@ def test_an_abstract_store_class_is_reported_not_crashed_on():
         errors = check_store()
     assert [e.id for e in errors] == ["bumail_queue.E003"]
     assert "cannot be built" in errors[0].msg
+
+
+def test_credentials_to_a_smarthost_whose_certificate_is_not_verified_are_warned_about():
+    from bumail_queue.checks import check_unverified_auth
+
+    route = {"TYPE": "smarthost", "HOST": "smtp.example.com", "TLS_VERIFY": False, "USERNAME": "u", "PASSWORD": "hunter2-secret"}
+    with override_settings(BUMAIL_QUEUE={**HOST, "ROUTES": {"example.org": route}}):
+        warnings = check_unverified_auth()
+    assert [(type(w), w.id) for w in warnings] == [(checks.Warning, "bumail_queue.W002")]
+    assert "BUMAIL_QUEUE['ROUTES['example.org']']" in warnings[0].msg
+    assert "TLS_VERIFY is False" in warnings[0].msg
+    assert "hunter2-secret" not in warnings[0].msg + warnings[0].hint
+    # Verified, without credentials, or without TLS at all (W001's): no W002.
+    for changed in ({"TLS_VERIFY": True}, {"USERNAME": None, "PASSWORD": None}, {"TLS": "none"}):
+        quiet = {k: v for k, v in {**route, **changed}.items() if v is not None}
+        with override_settings(BUMAIL_QUEUE={**HOST, "ROUTE": quiet}):
+            assert check_unverified_auth() == []
+
+
+@needs_db
+def test_the_check_command_shows_the_unverified_tls_warning_without_failing():
+    route = {"TYPE": "smarthost", "HOST": "smtp.example.com", "TLS": "implicit", "TLS_VERIFY": False, "USERNAME": "u", "PASSWORD": "p"}
+    err = io.StringIO()
+    with override_settings(BUMAIL_QUEUE={**HOST, "ROUTE": route}):
+        call_command("check", stdout=io.StringIO(), stderr=err)
+    assert "(bumail_queue.W002) BUMAIL_QUEUE['ROUTE'] sends USERNAME and PASSWORD" in err.getvalue()

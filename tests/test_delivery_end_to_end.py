@@ -56,7 +56,7 @@ def test_direct_to_mx_with_per_recipient_outcomes_and_a_dsn(smtp_servers, dns_se
         "mx1.example.test": {"A": ["127.0.0.1"]},
         "sender.test": {"MX": [(10, "mx1.example.test")]},
     })  # fmt: skip
-    settings = {"HOSTNAME": "mta.example.com", "MX_PORT": mx.port, "DNS_NAMESERVERS": [dns_server.setting], "RETRY_JITTER": 0}
+    settings = {"HOSTNAME": "mta.example.com", **dns_server.queue_settings(mx.port), "RETRY_JITTER": 0}
     with override_settings(BUMAIL_QUEUE=settings):
         item = queue.enqueue(
             EmailMessage("Hi", "Body", "me@sender.test", ["ok@example.test", "gone@example.test", "later@example.test"])
@@ -79,7 +79,7 @@ def test_direct_to_mx_with_per_recipient_outcomes_and_a_dsn(smtp_servers, dns_se
 
 def test_a_null_mx_domain_fails_at_once_without_a_connection(smtp_server, dns_server):
     dns_server.zone = DNSZone({"nomail.test": {"MX": [(0, ".")]}})
-    settings = {"HOSTNAME": "mta.example.com", "MX_PORT": smtp_server.port, "DNS_NAMESERVERS": [dns_server.setting]}
+    settings = {"HOSTNAME": "mta.example.com", **dns_server.queue_settings(smtp_server.port)}
     with override_settings(BUMAIL_QUEUE=settings):
         queue.enqueue(b"Subject: x\r\n\r\nx\r\n", sender="", recipients=["a@nomail.test"])
         stats = queue.deliver_due()

@@ -17,6 +17,19 @@
   with no DNS;
 - an internationalized domain is looked up as its A-labels.
 
+Two bounds hold whatever the DNS says (Postfix's ``smtp_mx_address_limit``):
+
+- at most ``address_limit`` addresses are kept, over all MX hosts in preference order,
+  and no A or AAAA lookup is made once that many are kept;
+- at most ``MX_HOSTS_PER_ADDRESS * address_limit`` MX hosts are looked up, so a call
+  makes at most ``1 + 2 * MX_HOSTS_PER_ADDRESS * address_limit`` lookups however many
+  MX records the domain publishes (21 with the default limit of 5).
+
+Only globally routable addresses are kept (``destination_refusal``), unless they lie
+in ``allowed_networks``: a recipient address or a DNS answer chosen by someone else
+must not aim the worker at a service inside its own network. Each address refused
+is logged; when none is left, the recipients fail (``5.4.4``).
+
 Every lookup goes through the nameservers given (``DNS_NAMESERVERS``), or those of
 the system's resolver configuration when there are none, never through the
 system's ``getaddrinfo``. Nothing is cached: each call asks again.
@@ -26,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import logging
 import random
 import time
 from collections.abc import Sequence
@@ -44,7 +58,25 @@ from bumail_queue.items import Outcome, RecipientStatus, Reply
 
 from .envelope import Host
 
-__all__ = ["Destinations", "MXResolver"]
+__all__ = ["MX_HOSTS_PER_ADDRESS", "Destinations", "MXResolver", "destination_refusal"]
+
+logger = logging.getLogger(__name__)
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+#: How many MX hosts are looked up per address kept, at most: room for MX hosts
+#: without a usable address, while a domain of 1,000 MX records costs a few lookups.
+MX_HOSTS_PER_ADDRESS = 2
+
+#: How many refused addresses a reply text names; the rest are counted.
+_NAMED_IN_REPLY = 5
+
+# RFC 3463 X.4.4, "unable to route": the DNS gave no next hop this system may use.
+# It is a routing failure on this side, not a refusal by any server (X.7.x), and it
+# is permanent: only the operator (ALLOWED_PRIVATE_NETWORKS) or the domain's owner
+# can change it, and retrying would ask the same question again for days.
+_REFUSED_STATUS = "5.4.4"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -86,6 +118,9 @@ class MXResolver:
     port of every host found (``MX_PORT``). ``timeout`` bounds a whole call of
     ``destinations()``, every lookup in it included. ``rng`` orders MX records of
     equal preference (a seeded one makes the order repeatable in tests).
+    ``allowed_networks`` are the networks beyond the globally routable ones that a
+    host may be in (``ALLOWED_PRIVATE_NETWORKS``); ``address_limit`` is how many
+    addresses a call returns at most (``MX_ADDRESS_LIMIT``).
 
     One resolver may serve many threads at once: a call changes no state of it.
     """
@@ -97,9 +132,13 @@ class MXResolver:
         port: int,
         timeout: float = 30.0,
         rng: random.Random | None = None,
+        allowed_networks: Sequence[IPNetwork] = (),
+        address_limit: int = 5,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be above 0 seconds; got {timeout!r}.")
+        if address_limit < 1:
+            raise ValueError(f"address_limit must be at least 1; got {address_limit!r}.")
         if nameservers is None:
             try:
                 resolver = dns.resolver.Resolver(configure=True)
@@ -118,6 +157,8 @@ class MXResolver:
         self._port = port
         self._timeout = float(timeout)
         self._rng = rng if rng is not None else random.Random()  # noqa: S311 - an order, not a secret
+        self._allowed = tuple(allowed_networks)
+        self._address_limit = address_limit
 
     def destinations(self, domain: str) -> Destinations:
         """Return the hosts to try for ``domain``'s recipients, or why there are none."""
@@ -148,18 +189,20 @@ class MXResolver:
         if not usable:  # RFC 7505: "0 .", the domain says it takes no mail
             return Destinations.failed("5.1.10", f"The domain {shown} accepts no mail (null MX, RFC 7505).")
 
-        hosts: list[Host] = []
+        found = _Found(domain=shown, port=self._port, limit=self._address_limit, allowed=self._allowed)
         why: str | None = None
-        for exchange in self._in_order(usable):
-            host_name = exchange.to_text(omit_final_dot=True).lower()
-            addresses, miss = self._addresses(exchange, deadline)
-            hosts.extend(Host(name=host_name, address=address, port=self._port) for address in addresses)
+        for exchange in self._in_order(usable)[: MX_HOSTS_PER_ADDRESS * self._address_limit]:
+            if found.full:
+                break
+            miss = self._add_addresses(found, exchange, deadline)
             why = why or (miss.temporary if miss else None)
-        hosts = _unique(hosts)
-        if not hosts:
-            detail = f" ({why})" if why else ""
-            return Destinations.deferred(f"No MX host of {shown} has an address (A or AAAA){detail}.")
-        return Destinations(hosts=tuple(hosts), failure=None)
+        if found.hosts:
+            return Destinations(hosts=tuple(found.hosts), failure=None)
+        if found.refused and why is None:
+            return found.all_refused()
+        detail = f" ({why})" if why else ""
+        refused = f" {found.refused_text()}" if found.refused else ""
+        return Destinations.deferred(f"No MX host of {shown} has a usable address (A or AAAA){detail}.{refused}")
 
     def _literal(self, domain: str) -> Destinations:
         inner = domain[1:-1]
@@ -168,26 +211,30 @@ class MXResolver:
                 ipv6 = ipaddress.IPv6Address(inner[5:])
                 if ipv6.scope_id:
                     raise ValueError("a zone index has no meaning beyond this machine")
-                address: ipaddress.IPv4Address | ipaddress.IPv6Address = ipv6
+                address: IPAddress = ipv6
             else:
                 address = ipaddress.IPv4Address(inner)
         except ValueError:
             return Destinations.failed(
                 "5.1.2", f"The address literal {domain} is neither an IPv4 nor an IPv6 address: mail cannot be sent there."
             )
-        return Destinations(hosts=(Host(name=str(address), address=str(address), port=self._port),), failure=None)
+        found = _Found(domain=domain, port=self._port, limit=1, allowed=self._allowed)
+        found.offer(str(address), str(address))
+        return Destinations(hosts=tuple(found.hosts), failure=None) if found.hosts else found.all_refused()
 
     def _implicit_mx(self, shown: str, name: dns.name.Name, deadline: float) -> Destinations:
         """RFC 5321 §5.1: with no MX record, the domain's own address is its mail host."""
-        addresses, miss = self._addresses(name, deadline)
-        if addresses:
-            host_name = name.to_text(omit_final_dot=True)
-            return Destinations(
-                hosts=tuple(_unique([Host(name=host_name, address=a, port=self._port) for a in addresses])),
-                failure=None,
-            )
+        found = _Found(domain=shown, port=self._port, limit=self._address_limit, allowed=self._allowed)
+        miss = self._add_addresses(found, name, deadline)
+        if found.hosts:
+            return Destinations(hosts=tuple(found.hosts), failure=None)
         if miss is not None and miss.temporary is not None:
-            return Destinations.deferred(f"The address lookup of {shown} (it has no MX record) failed for now: {miss.temporary}.")
+            refused = f" {found.refused_text()}" if found.refused else ""
+            return Destinations.deferred(
+                f"The address lookup of {shown} (it has no MX record) failed for now: {miss.temporary}.{refused}"
+            )
+        if found.refused:
+            return found.all_refused()
         if miss is not None and miss.nxdomain:
             return Destinations.failed("5.1.2", f"The domain {shown} does not exist (NXDOMAIN).")
         return Destinations.failed("5.1.2", f"The domain {shown} has no MX record and no address (A or AAAA).")
@@ -204,20 +251,27 @@ class MXResolver:
             ordered.extend(group)
         return ordered
 
-    def _addresses(self, name: dns.name.Name, deadline: float) -> tuple[list[str], _Miss | None]:
-        """Return ``name``'s A then AAAA addresses, and the first miss that explains a gap."""
-        addresses: list[str] = []
+    def _add_addresses(self, found: _Found, name: dns.name.Name, deadline: float) -> _Miss | None:
+        """Offer ``name``'s A then AAAA addresses to ``found``; return the first miss that explains a gap.
+
+        The AAAA lookup is not made once ``found`` is full.
+        """
+        host_name = name.to_text(omit_final_dot=True).lower()
         misses: list[_Miss] = []
         for rdtype, kind in ((dns.rdatatype.A, A), (dns.rdatatype.AAAA, AAAA)):
+            if found.full:
+                break
             answer = self._lookup(name, rdtype, deadline)
             if isinstance(answer, _Miss):
                 misses.append(answer)
                 if answer.nxdomain:
                     break  # no AAAA either: the name does not exist
                 continue
-            addresses.extend(str(r.address) for r in answer if isinstance(r, kind))
+            for record in answer:
+                if isinstance(record, kind):
+                    found.offer(host_name, str(record.address))
         temporary = next((m for m in misses if m.temporary is not None), None)
-        return addresses, temporary or next(iter(misses), None)
+        return temporary or next(iter(misses), None)
 
     def _lookup(self, name: dns.name.Name, rdtype: dns.rdatatype.RdataType, deadline: float) -> dns.resolver.Answer | _Miss:
         remaining = deadline - time.monotonic()
@@ -245,12 +299,152 @@ def _no_nameservers_reason(error: dns.resolver.NoNameservers) -> str:
     return "no nameserver could be reached or gave a usable answer"
 
 
-def _unique(hosts: list[Host]) -> list[Host]:
-    """Return ``hosts`` without a second host for an address already listed."""
-    seen: set[str | None] = set()
-    unique = []
-    for host in hosts:
-        if host.address not in seen:
-            seen.add(host.address)
-            unique.append(host)
-    return unique
+class _Found:
+    """The hosts kept for one domain, in the order offered, and the addresses refused.
+
+    An address is kept once, whichever MX host names it first; at most ``limit`` are
+    kept. An address the destination policy refuses is logged and set aside.
+    """
+
+    def __init__(self, *, domain: str, port: int, limit: int, allowed: Sequence[IPNetwork]) -> None:
+        self.domain = domain
+        self.hosts: list[Host] = []
+        self.refused: dict[str, str] = {}  # address -> why
+        self._port = port
+        self._limit = limit
+        self._allowed = allowed
+
+    @property
+    def full(self) -> bool:
+        return len(self.hosts) >= self._limit
+
+    def offer(self, host_name: str, address: str) -> None:
+        """Keep ``address`` as a host named ``host_name``, unless it is refused, listed or over the limit."""
+        if self.full or address in self.refused or any(h.address == address for h in self.hosts):
+            return
+        why = destination_refusal(address, self._allowed)
+        if why is None:
+            self.hosts.append(Host(name=host_name, address=address, port=self._port))
+            return
+        self.refused[address] = why
+        logger.warning(
+            "destination refused: domain=%s host=%s address=%s reason=%s; see ALLOWED_PRIVATE_NETWORKS",
+            self.domain, host_name, address, why,
+        )  # fmt: skip
+
+    def refused_text(self) -> str:
+        """Say which addresses were refused and which setting would open them."""
+        named = [f"{address} ({why})" for address, why in list(self.refused.items())[:_NAMED_IN_REPLY]]
+        more = len(self.refused) - len(named)
+        listing = ", ".join(named) + (f" and {more} more" if more else "")
+        return (
+            f"Refused as not globally routable: {listing}. "
+            "To deliver there on purpose, add its network to BUMAIL_QUEUE['ALLOWED_PRIVATE_NETWORKS']."
+        )
+
+    def all_refused(self) -> Destinations:
+        """Return the failure of a domain whose every address was refused."""
+        return Destinations.failed(_REFUSED_STATUS, f"No usable address for {self.domain}. {self.refused_text()}")
+
+
+# -- Destination policy ---------------------------------------------------------------------
+
+# The IANA special-purpose registries' entries that are not globally reachable
+# (RFC 6890 and its updates), with multicast and the IPv6 space outside global
+# unicast. ipaddress's ``is_global`` is asked as well, but on Python 3.11 it calls
+# multicast, 192.0.0.8, 3fff::/20, 5f00::/16 and 2002::/16 global; this table names
+# them. The more specific entries come first: the first match gives the reason.
+_SPECIAL_IPV4: tuple[tuple[ipaddress.IPv4Network, str], ...] = tuple(
+    (ipaddress.IPv4Network(network), reason)
+    for network, reason in (
+        ("0.0.0.0/8", "this network (RFC 791)"),
+        ("10.0.0.0/8", "private (RFC 1918)"),
+        ("100.64.0.0/10", "shared address space, CGNAT (RFC 6598)"),
+        ("127.0.0.0/8", "loopback"),
+        ("169.254.0.0/16", "link-local"),
+        ("172.16.0.0/12", "private (RFC 1918)"),
+        # 192.0.0.9 and 192.0.0.10 are reachable anycast services, never a mail server.
+        ("192.0.0.0/24", "IETF protocol assignments (RFC 6890)"),
+        ("192.0.2.0/24", "documentation (RFC 5737)"),
+        ("192.88.99.0/24", "6to4 relay anycast (RFC 7526)"),
+        ("192.168.0.0/16", "private (RFC 1918)"),
+        ("198.18.0.0/15", "benchmarking (RFC 2544)"),
+        ("198.51.100.0/24", "documentation (RFC 5737)"),
+        ("203.0.113.0/24", "documentation (RFC 5737)"),
+        ("224.0.0.0/4", "multicast"),
+        ("240.0.0.0/4", "reserved (RFC 1112), or broadcast"),
+    )
+)
+_SPECIAL_IPV6: tuple[tuple[ipaddress.IPv6Network, str], ...] = tuple(
+    (ipaddress.IPv6Network(network), reason)
+    for network, reason in (
+        ("::/128", "unspecified"),
+        ("::1/128", "loopback"),
+        # RFC 4291 §2.5.5.1: IPv4-compatible addresses are deprecated; none is a mail server.
+        ("::/96", "IPv4-compatible (deprecated, RFC 4291)"),
+        ("64:ff9b:1::/48", "local-use NAT64 (RFC 8215)"),
+        ("100::/64", "discard-only (RFC 6666)"),
+        # Teredo, benchmarking, ORCHID, AMT and the other IETF protocol assignments.
+        ("2001::/23", "IETF protocol assignments (RFC 2928)"),
+        ("2001:db8::/32", "documentation (RFC 3849)"),
+        ("3fff::/20", "documentation (RFC 9637)"),
+        ("5f00::/16", "segment routing (RFC 9602)"),
+        ("fc00::/7", "unique-local (RFC 4193)"),
+        ("fe80::/10", "link-local"),
+        ("fec0::/10", "site-local (deprecated, RFC 3879)"),
+        ("ff00::/8", "multicast"),
+    )
+)
+# RFC 4291 §2.4: global unicast is 2000::/3; the rest of the space is unassigned or
+# special (the forms that embed an IPv4 address are judged by that address).
+_GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052's well-known prefix
+
+
+def destination_refusal(address: str | IPAddress, allowed: Sequence[IPNetwork] = ()) -> str | None:
+    """Return why the worker may not connect to ``address``, or ``None`` when it may.
+
+    An address in ``allowed`` may always be used, as may the IPv4 address an
+    IPv4-mapped one stands for. Otherwise only globally routable unicast addresses
+    may: the forms that embed an IPv4 address (IPv4-mapped, 6to4, NAT64) are judged
+    by the IPv4 address they reach.
+    """
+    ip = ipaddress.ip_address(address)
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    if any(ip in network or (mapped is not None and mapped in network) for network in allowed):
+        return None
+    if isinstance(ip, ipaddress.IPv4Address):
+        return _ipv4_refusal(ip)
+    return _ipv6_refusal(ip)
+
+
+def _ipv4_refusal(ip: ipaddress.IPv4Address) -> str | None:
+    reason = next((reason for network, reason in _SPECIAL_IPV4 if ip in network), None)
+    if reason is None and not ip.is_global:
+        reason = "not globally routable"
+    return reason
+
+
+def _ipv6_refusal(ip: ipaddress.IPv6Address) -> str | None:
+    embedded = _embedded_ipv4(ip)
+    if embedded is not None:
+        form, ipv4 = embedded
+        why = _ipv4_refusal(ipv4)
+        return None if why is None else f"{form} of {ipv4}, {why}"
+    if ip.scope_id:
+        return "scoped to a link"
+    reason = next((reason for network, reason in _SPECIAL_IPV6 if ip in network), None)
+    if reason is None and (ip not in _GLOBAL_UNICAST or not ip.is_global):
+        reason = "not globally routable"
+    return reason
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> tuple[str, ipaddress.IPv4Address] | None:
+    """Return the IPv4 address an IPv6 form reaches, and the form's name, if it is one."""
+    if ip.ipv4_mapped is not None:  # RFC 4291 §2.5.5.2: the very IPv4 host, on a dual stack
+        return "IPv4-mapped", ip.ipv4_mapped
+    if ip.sixtofour is not None:  # RFC 3056: a relay forwards to the embedded address
+        return "6to4", ip.sixtofour
+    if ip in _NAT64:  # RFC 6052: a translator forwards to the last 32 bits
+        return "NAT64", ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import random
 import socket
 import time
@@ -11,14 +12,22 @@ import pytest
 from bumail_queue.delivery.dns import Destinations, MXResolver
 from bumail_queue.delivery.envelope import Host
 from bumail_queue.items import RecipientStatus
-from tests.servers.dns import DNSZone, LoopbackDNSServer
+from tests.servers.dns import LOOPBACK_NETWORKS, DNSZone, LoopbackDNSServer
 
 PORT = 2525
 
+# The zones below use loopback and documentation addresses, which the destination
+# policy refuses unless opened (its own tests are in test_destination_policy.py).
+OPEN_NETWORKS = tuple(ipaddress.ip_network(n) for n in (*LOOPBACK_NETWORKS, "192.0.2.0/24", "2001:db8::/32"))
 
-def resolver_for(server: LoopbackDNSServer, *, timeout: float = 5.0, seed: int | None = 0) -> MXResolver:
+
+def resolver_for(
+    server: LoopbackDNSServer, *, timeout: float = 5.0, seed: int | None = 0, address_limit: int = 5
+) -> MXResolver:
     rng = None if seed is None else random.Random(seed)
-    return MXResolver(nameservers=server.nameservers, port=PORT, timeout=timeout, rng=rng)
+    return MXResolver(
+        nameservers=server.nameservers, port=PORT, timeout=timeout, rng=rng, allowed_networks=OPEN_NETWORKS, address_limit=address_limit
+    )
 
 
 def host(name: str, address: str) -> Host:
@@ -86,7 +95,7 @@ def test_without_a_given_rng_the_order_still_varies(dns_server: LoopbackDNSServe
         "example.test": {"MX": [(10, f"mx{i}.example.test") for i in range(6)]},
         **{f"mx{i}.example.test": {"A": [f"127.0.0.{i + 1}"]} for i in range(6)},
     })
-    resolver = resolver_for(dns_server, seed=None)
+    resolver = resolver_for(dns_server, seed=None, address_limit=6)
     orders = {tuple(h.name for h in resolver.destinations("example.test").hosts) for _ in range(10)}
     assert len(orders) > 1
     assert all(sorted(order) == [f"mx{i}.example.test" for i in range(6)] for order in orders)
@@ -283,7 +292,8 @@ def test_the_next_nameserver_is_asked_on_its_own_port(dns_server: LoopbackDNSSer
     refusing.zone = DNSZone({"example.test": "REFUSED"})
     refusing.start()
     try:
-        resolver = MXResolver(nameservers=[*refusing.nameservers, *dns_server.nameservers], port=PORT, timeout=5)
+        nameservers = [*refusing.nameservers, *dns_server.nameservers]
+        resolver = MXResolver(nameservers=nameservers, port=PORT, timeout=5, allowed_networks=OPEN_NETWORKS)
         assert refusing.port != dns_server.port
         assert resolver.destinations("example.test").hosts == (host("example.test", "127.0.0.1"),)
     finally:

@@ -19,6 +19,9 @@ The server object has:
 - ``address`` (``"127.0.0.1"``) and ``port``: where it listens, on UDP and TCP;
 - ``nameservers``: ``[(address, port)]``, as ``MXResolver`` takes them;
 - ``setting``: ``"127.0.0.1:port"``, an entry for ``BUMAIL_QUEUE['DNS_NAMESERVERS']``;
+- ``queue_settings(mx_port)``: the ``BUMAIL_QUEUE`` keys that send MX mail through
+  this server to SMTP servers on loopback at ``mx_port`` (``ALLOWED_PRIVATE_NETWORKS``
+  opens loopback, which the worker refuses by default);
 - ``zone``: the ``DNSZone`` it answers from; assign a new one at any time
   (it starts empty: every name is NXDOMAIN);
 - ``queries``: every question asked so far, as ``(name, type)`` pairs such as
@@ -40,6 +43,7 @@ many seconds before each answer (stopping the server cuts the wait short).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import socket
 import socketserver
 import threading
@@ -54,6 +58,9 @@ ADDRESS = "127.0.0.1"
 _RCODES = {"SERVFAIL": RCODE.SERVFAIL, "REFUSED": RCODE.REFUSED, "NXDOMAIN": RCODE.NXDOMAIN}
 _NO_REPLY = "TIMEOUT"
 _TTL = 60
+
+#: ``ALLOWED_PRIVATE_NETWORKS`` for tests whose MX hosts listen on loopback.
+LOOPBACK_NETWORKS = ["127.0.0.0/8", "::1/128"]
 
 
 def _key(name: str) -> str:
@@ -114,8 +121,8 @@ def _rdata(qtype: str, record: Any) -> Any:
         return MX(DNSLabel(exchange), preference)
     if qtype == "A":
         return A(record)
-    if qtype == "AAAA":
-        return AAAA(record)
+    if qtype == "AAAA":  # through ipaddress: dnslib cannot parse "::ffff:192.0.2.1"
+        return AAAA(tuple(ipaddress.IPv6Address(record).packed))
     raise ValueError(f"the test DNS server does not serve {qtype} records")
 
 
@@ -159,6 +166,10 @@ class LoopbackDNSServer:
     @property
     def setting(self) -> str:
         return f"{self.address}:{self.port}"
+
+    def queue_settings(self, mx_port: int) -> dict[str, Any]:
+        """Return the ``BUMAIL_QUEUE`` keys for MX hosts found here and listening on loopback at ``mx_port``."""
+        return {"MX_PORT": mx_port, "DNS_NAMESERVERS": [self.setting], "ALLOWED_PRIVATE_NETWORKS": LOOPBACK_NETWORKS}
 
     def start(self) -> None:
         resolver = _ZoneResolver(self)

@@ -281,6 +281,11 @@ def test_a_leased_item_retried_later_than_its_lease_waits_for_that_time(redis_st
 # -- Redis out of memory, out of reach ------------------------------------------------------
 
 
+def squeeze(client):
+    """Lower ``maxmemory`` below what Redis holds, so that every write that adds is refused."""
+    client.config_set("maxmemory", str(int(client.info("memory")["used_memory"]) // 2))
+
+
 def test_a_full_redis_refuses_the_enqueue_and_keeps_nothing_half_written(redis_servers, redis_prefix):
     server = redis_servers("--maxmemory", "4mb", "--maxmemory-policy", "noeviction")
     with caches_with(full=server.url):
@@ -289,13 +294,17 @@ def test_a_full_redis_refuses_the_enqueue_and_keeps_nothing_half_written(redis_s
         with pytest.raises(QueueError) as error:
             for _ in range(200):
                 kept.append(store.add(new(message=b"x" * 100_000)).id)
-        assert error.value.code == "STORE_UNAVAILABLE"
-        assert "out of memory" in error.value.message
+        assert error.value.code == "STORE_FULL"
+        assert "maxmemory" in error.value.message and "nothing was written" in error.value.message
         assert 0 < len(kept) < 200
         assert store.count() == len(kept)
-        with pytest.raises(QueueError, match="out of memory"):
-            store.add_many([new(), new()])
         client = server.client()
+        # The refused add's own bytes may be what crossed the line: hold Redis past it.
+        squeeze(client)
+        with pytest.raises(QueueError, match="maxmemory") as error:
+            store.add_many([new(), new()])
+        assert error.value.code == "STORE_FULL"
+        client.config_set("maxmemory", "4mb")
         assert len(list(client.scan_iter(match=f"{redis_prefix}item:*"))) == len(kept)
         assert len(list(client.scan_iter(match=f"{redis_prefix}message:*"))) == len(kept)
         # Workers still claim and record what is queued: delivering frees the memory.
@@ -311,6 +320,110 @@ def test_a_full_redis_refuses_the_enqueue_and_keeps_nothing_half_written(redis_s
         assert store.add(new()).id not in kept
         assert len(list(client.scan_iter(match=f"{redis_prefix}message:*"))) == len(kept) - 10 + 1
         client.close()
+
+
+def test_enqueue_into_a_full_redis_raises_store_full_and_writes_nothing(redis_servers, redis_prefix):
+    server = redis_servers("--maxmemory", "4mb", "--maxmemory-policy", "noeviction")
+    raw = {"HOSTNAME": "mta.example.com", "STORE": "redis", "REDIS_CONNECTION": "full", "REDIS_KEY_PREFIX": redis_prefix}
+    client = server.client()
+    with caches_with(full=server.url), override_settings(BUMAIL_QUEUE=raw):
+        body = b"From: app@example.com\r\nSubject: Hi\r\n\r\n" + b"x" * 100_000 + b"\r\n"
+        queued = 0
+        with pytest.raises(QueueError) as error:
+            for _ in range(200):
+                queue.enqueue(body, sender="app@example.com", recipients=["user@example.org"])
+                queued += 1
+        assert error.value.code == "STORE_FULL"
+        assert "CACHES['full']" in error.value.message
+        assert 0 < queued < 200
+        squeeze(client)
+        before = sorted(client.scan_iter(match=f"{redis_prefix}*"))
+        # A batch of three, one of them small: refused whole, not one key of it written.
+        messages = [EmailMessage("Hi", "x" * n, "app@example.com", ["user@example.org"]) for n in (10, 100_000, 10)]
+        with pytest.raises(QueueError) as error:
+            queue.enqueue_many(messages)
+        assert error.value.code == "STORE_FULL"
+        assert sorted(client.scan_iter(match=f"{redis_prefix}*")) == before
+        assert queue.count() == queued
+    client.close()
+
+
+def allkeys_lru_server(redis_servers):
+    return redis_servers("--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru")
+
+
+def test_a_redis_that_may_evict_is_refused_before_anything_is_written(redis_servers, redis_prefix):
+    server = allkeys_lru_server(redis_servers)
+    with caches_with(evicting=server.url):
+        store = store_at(redis_prefix, "evicting")
+        with pytest.raises(QueueConfigurationError) as error:
+            store.add(new())
+        assert "maxmemory-policy 'allkeys-lru'" in error.value.message
+        assert "noeviction" in error.value.message
+        client = server.client()
+        assert client.dbsize() == 0  # not an item, not a message, not the layout key
+        # Fixed while the process runs: the store works from the next call.
+        client.config_set("maxmemory-policy", "noeviction")
+        client.close()
+        assert store.add(new()).id
+
+
+@pytest.mark.parametrize("policy", ["volatile-lru", "volatile-ttl", "noeviction"])
+def test_a_policy_that_never_evicts_the_queues_keys_is_accepted(redis_servers, redis_prefix, policy):
+    # The volatile-* policies evict only keys with a time to live; the store sets none.
+    server = redis_servers("--maxmemory", "4mb", "--maxmemory-policy", policy)
+    with caches_with(q=server.url):
+        store = store_at(redis_prefix, "q")
+        assert store.check() == []
+        assert store.add(new()).id
+
+
+def test_the_store_check_reports_a_redis_that_may_evict_as_e022(redis_servers, redis_prefix):
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    server = allkeys_lru_server(redis_servers)
+    with caches_with(evicting=server.url):
+        messages = store_at(redis_prefix, "evicting").check()
+        assert [(type(m), m.id) for m in messages] == [(checks.Error, "bumail_queue.E022")]
+        assert "maxmemory-policy 'allkeys-lru'" in messages[0].msg
+        raw = {"HOSTNAME": "mta.example.com", "STORE": "redis", "REDIS_CONNECTION": "evicting", "REDIS_KEY_PREFIX": redis_prefix}
+        with override_settings(BUMAIL_QUEUE=raw), pytest.raises(SystemCheckError, match=r"bumail_queue\.E022"):
+            call_command("check")
+
+
+def test_the_policy_is_read_from_info_where_config_is_refused(redis_servers, redis_prefix):
+    # Managed Redis services forbid CONFIG; INFO memory still says the policy.
+    server = allkeys_lru_server(redis_servers)
+    admin = server.client()
+    admin.execute_command("ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all", "-config")
+    admin.close()
+    with caches_with(managed=f"redis://app:pw@127.0.0.1:{server.port}/0"):
+        messages = store_at(redis_prefix, "managed").check()
+        assert [m.id for m in messages] == ["bumail_queue.E022"]
+        with pytest.raises(QueueConfigurationError, match="allkeys-lru"):
+            store_at(redis_prefix, "managed").count()
+
+
+def test_a_policy_nobody_may_read_is_a_warning_and_the_store_works(redis_servers, redis_prefix):
+    server = redis_servers()
+    admin = server.client()
+    admin.execute_command("ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all", "-config", "-info")
+    admin.close()
+    with caches_with(locked=f"redis://app:pw@127.0.0.1:{server.port}/0"):
+        store = store_at(redis_prefix, "locked")
+        messages = store.check()
+        assert [(type(m), m.id) for m in messages] == [(checks.Warning, "bumail_queue.W003")]
+        assert "refused both CONFIG GET and INFO" in messages[0].msg
+        assert store.add(new()).id
+
+
+def test_a_redis_out_of_reach_is_a_check_warning_not_a_crash(redis_prefix):
+    with caches_with(nowhere=f"redis://:not-a-real-password@127.0.0.1:{closed_port()}/0"):
+        messages = store_at(redis_prefix, "nowhere").check()
+    assert [(type(m), m.id) for m in messages] == [(checks.Warning, "bumail_queue.W003")]
+    assert "could not be reached through CACHES['nowhere']" in messages[0].msg
+    assert "not-a-real-password" not in messages[0].msg
 
 
 def test_a_redis_out_of_reach_is_store_unavailable_and_never_shows_the_password(redis_prefix):
@@ -438,6 +551,7 @@ def test_the_store_works_under_the_acl_user_the_docs_give(redis_servers, setting
     admin.close()
     with caches_with(limited=f"redis://bumail-worker:a-long-secret@127.0.0.1:{server.port}/0"):
         store = store_at("myapp:mail:", "limited")
+        assert store.check() == []  # the eviction policy is read through INFO
         listener = store.listener()
         try:
             first, second = store.add_many([new(key="k"), new()], max_items=10)

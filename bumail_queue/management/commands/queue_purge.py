@@ -12,7 +12,19 @@ from django.utils import timezone
 from bumail_queue import delivery_log
 from bumail_queue.conf import get_settings
 from bumail_queue.management.arguments import describe_duration, duration, positive_int
+from bumail_queue.management.commands.queue_status import store_errors_in_one_line
 from bumail_queue.models import DeliveryLog
+
+#: A larger batch is one long transaction, and its ids overflow SQLite's bound parameters.
+MAX_BATCH_SIZE = 10_000
+
+
+def batch_size(value: str) -> int:
+    """A whole number from 1 to ``MAX_BATCH_SIZE``."""
+    number = positive_int(value)
+    if number > MAX_BATCH_SIZE:
+        raise argparse.ArgumentTypeError(f"{value!r} is more than {MAX_BATCH_SIZE}")
+    return number
 
 
 class Command(BaseCommand):
@@ -20,7 +32,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--older-than", type=duration, help="e.g. 30d, 12h, 2w (default: DELIVERY_LOG_RETENTION)")
-        parser.add_argument("--batch-size", type=positive_int, default=delivery_log.PURGE_BATCH_SIZE, help="rows deleted per statement (default: %(default)s)")
+        parser.add_argument("--batch-size", type=batch_size, default=delivery_log.PURGE_BATCH_SIZE, help=f"rows deleted per statement, at most {MAX_BATCH_SIZE} (default: %(default)s)")
         parser.add_argument("--dry-run", action="store_true", help="count what would be deleted; delete nothing")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -32,8 +44,10 @@ class Command(BaseCommand):
         cutoff = now - older_than
         age = describe_duration(older_than)
         if options["dry_run"]:
-            count = DeliveryLog.objects.using(settings.database).filter(logged_at__lt=cutoff).count()
+            with store_errors_in_one_line():
+                count = DeliveryLog.objects.using(settings.database).filter(logged_at__lt=cutoff).count()
             self.stdout.write(f"Would delete {count} delivery log entr{'y' if count == 1 else 'ies'} older than {age} (before {cutoff:%Y-%m-%d %H:%M:%S %Z}).")
             return
-        deleted = delivery_log.purge(older_than=older_than, now=now, batch_size=options["batch_size"])
+        with store_errors_in_one_line():
+            deleted = delivery_log.purge(older_than=older_than, now=now, batch_size=options["batch_size"])
         self.stdout.write(f"Deleted {deleted} delivery log entr{'y' if deleted == 1 else 'ies'} older than {age} (before {cutoff:%Y-%m-%d %H:%M:%S %Z}).")

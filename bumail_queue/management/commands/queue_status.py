@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
+from bumail_queue.errors import QueueError, first_line
 from bumail_queue.management.arguments import describe_duration, positive_int
 from bumail_queue.queries import ItemState, QueueSummary, bucket_labels
 from bumail_queue.service import queue
@@ -21,11 +25,23 @@ class Command(BaseCommand):
         parser.add_argument("--top", type=positive_int, default=10, help="domains shown, the most pending first (default: 10)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        summary = queue.summary()
+        with store_errors_in_one_line():
+            summary = queue.summary()
         if options["json"]:
             self.stdout.write(json.dumps(summary.to_dict(top=options["top"]), indent=2))
             return
         self.stdout.write("\n".join(render(summary, top=options["top"])))
+
+
+@contextmanager
+def store_errors_in_one_line() -> Iterator[None]:
+    """Turn a store or database that cannot be used into a ``CommandError``: one line, no traceback."""
+    try:
+        yield
+    except QueueError as error:
+        raise CommandError(error.message) from error
+    except DatabaseError as error:
+        raise CommandError(f"The queue's database could not be used (has manage.py migrate run?): {first_line(error)}") from error
 
 
 def render(summary: QueueSummary, *, top: int) -> list[str]:

@@ -11,11 +11,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from bumail_queue.conf import get_settings
+from bumail_queue.errors import QueueConfigurationError, QueueError
 from bumail_queue.management.arguments import positive_int
+from bumail_queue.stores.base import QueueStore
 from bumail_queue.worker import Worker
+
+logger = logging.getLogger("bumail_queue.worker")
 
 
 def owner_name(value: str) -> str:
@@ -76,17 +80,25 @@ class Command(BaseCommand):
             domain_concurrency=options["domain_concurrency"],
             burst=options["burst"],
         )
-        logging.getLogger("bumail_queue.worker").info(
+        require_store(worker.store, burst=worker.burst)
+        logger.info(
             "starting owner=%s store=%s route=%s concurrency=%d domain_concurrency=%d lease=%ss burst=%s",
             worker.owner, type(worker.store).__name__, _describe_route(settings), worker.concurrency,
             worker.domain_concurrency, settings.lease_seconds, worker.burst,
         )  # fmt: skip
         with stop_on_signals(worker):
             stats = worker.run()
-        logging.getLogger("bumail_queue.worker").info(
+        logger.info(
             "stopped items=%d delivered=%d deferred=%d failed=%d",
             stats.items, stats.delivered, stats.deferred, stats.failed,
         )  # fmt: skip
+        if worker.burst and stats.store_errors:
+            # 0 says nothing was left due: cron and scripts must not take a pass that
+            # could not claim or record for one that found nothing to do.
+            raise CommandError(
+                f"The queue's store failed {stats.store_errors} time{'s' if stats.store_errors != 1 else ''} "
+                "during this run (see the log): due mail may be left."
+            )
 
     def _configure_logging(self, verbosity: int) -> None:
         root = logging.getLogger("bumail_queue")
@@ -95,6 +107,24 @@ class Command(BaseCommand):
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
             root.addHandler(handler)
         root.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+
+
+def require_store(store: QueueStore, *, burst: bool) -> None:
+    """Read the store once before starting, so a set-up it refuses stops the command.
+
+    A store set up wrongly (a Redis that may evict, another application's prefix)
+    never starts a worker. One out of reach (not migrated, down) fails a ``--burst``
+    run; a lasting worker says so and keeps trying, as it does when the store goes
+    away later (a worker started before its database is common in deployments).
+    """
+    try:
+        store.estimated_count()
+    except QueueConfigurationError as error:
+        raise CommandError(error.message) from error
+    except QueueError as error:
+        if burst:
+            raise CommandError(f"Could not read the queue: {error.message}") from error
+        logger.warning("the store cannot be read yet, trying again: %s", error, extra={"action": "error"})
 
 
 def _describe_route(settings: Any) -> str:

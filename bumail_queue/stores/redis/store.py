@@ -33,7 +33,7 @@ from django.core.cache.backends.base import InvalidCacheBackendError
 from django.utils.module_loading import import_string
 from django_redis import get_redis_connection
 from django_redis.cache import RedisCache
-from redis import Redis
+from redis import ConnectionPool, Redis
 from redis.client import PubSub
 from redis.exceptions import (
     AskError,
@@ -65,6 +65,15 @@ from . import scripts
 
 # How often complete() re-reads an item whose outcome another write changed meanwhile.
 _COMPLETE_TRIES = 8
+
+#: The ``maxmemory-policy`` values under which a full Redis may delete the queue's keys.
+#: The ``volatile-*`` policies are not among them: they evict only keys with a time to
+#: live, and the store never gives its keys one.
+EVICTING_POLICIES = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random"})
+
+# The system check connects while manage.py waits: it must not hang on a Redis that
+# drops packets, whatever timeouts CACHES gives the store's own connections.
+_CHECK_TIMEOUT_SECONDS = 3.0
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -122,7 +131,8 @@ class RedisStore(QueueStore):
     """Keeps the queue in the Redis of the django-redis alias ``REDIS_CONNECTION``.
 
     Nothing connects when the store is built: the first call does, and checks that
-    the prefix holds this store's layout (``<prefix>schema``).
+    the prefix holds this store's layout (``<prefix>schema``) and that Redis will not
+    evict the queue's keys (``maxmemory-policy``).
     """
 
     supports_transactional_enqueue = False
@@ -138,7 +148,7 @@ class RedisStore(QueueStore):
     # -- plumbing ---------------------------------------------------------------------
 
     def _redis(self) -> Redis:
-        """Return the client, checking the prefix's layout at the first call."""
+        """Return the client, checking the eviction policy and the prefix's layout at the first call."""
         client = self._client
         if client is None:
             try:
@@ -152,12 +162,28 @@ class RedisStore(QueueStore):
         if not self._schema_checked:
             with self._schema_lock, self._translated_errors("check the queue's layout"):
                 if not self._schema_checked:
+                    # The policy first: on a Redis that may evict, not even the layout is written.
+                    self._refuse_eviction(read_eviction_policy(client))
                     found = scripts.SCHEMA(
                         client, [self.keys.schema], [str(scripts.LAYOUT_VERSION)]
                     )
                     self._check_schema(found)
                     self._schema_checked = True
         return client
+
+    def _refuse_eviction(self, policy: str | None) -> None:
+        # Under an allkeys-* policy a full Redis deletes items and messages to make
+        # room, and mail vanishes with no DSN, log entry or signal: refuse to work.
+        # A policy that cannot be read (no CONFIG, no INFO) is left to the check.
+        if policy is not None and policy in EVICTING_POLICIES:
+            raise QueueConfigurationError(self._eviction_problem(policy))
+
+    def _eviction_problem(self, policy: str) -> str:
+        return (
+            f"Redis of CACHES[{self.alias!r}] has maxmemory-policy {policy!r}: when full, it "
+            "deletes queued mail to make room. Set maxmemory-policy noeviction on that Redis "
+            "(or give the queue a Redis of its own)."
+        )
 
     def _check_schema(self, found: bytes) -> None:
         text = found.decode("utf-8", "replace")
@@ -174,7 +200,10 @@ class RedisStore(QueueStore):
 
     @contextmanager
     def _translated_errors(self, doing: str) -> Iterator[None]:
-        """Raise Redis's errors as ``QueueError(STORE_UNAVAILABLE)``, saying what to do."""
+        """Raise Redis's errors as ``QueueError(STORE_UNAVAILABLE)``, saying what to do.
+
+        Out of memory is ``STORE_FULL``: a refusal the caller can tell from an outage.
+        """
         try:
             yield
         except AuthenticationError as error:
@@ -186,6 +215,12 @@ class RedisStore(QueueStore):
                 doing, "Redis could not be reached through CACHES", error
             ) from error
         except ResponseError as error:
+            if _out_of_memory(error):
+                raise QueueError(
+                    ErrorCode.STORE_FULL,
+                    f"Could not {doing}: Redis of CACHES[{self.alias!r}] is at its maxmemory and refused "
+                    "the write; nothing was written. Deliver or cancel queued mail, or raise maxmemory.",
+                ) from error
             raise self._unavailable(doing, _refusal(error), error) from error
         except RedisError as error:
             raise self._unavailable(
@@ -540,9 +575,10 @@ class RedisStore(QueueStore):
     # -- checks -----------------------------------------------------------------------
 
     def check(self, **kwargs: Any) -> builtins.list[checks.CheckMessage]:
+        """E018 from the settings alone; then, connecting, E022 or W003 on the eviction policy."""
         problem = _connection_problem(self.alias)
         if problem is None:
-            return []
+            return self._check_eviction_policy()
         return [
             checks.Error(
                 f"BUMAIL_QUEUE['REDIS_CONNECTION'] is {self.alias!r}: {problem}",
@@ -552,6 +588,42 @@ class RedisStore(QueueStore):
                 id="bumail_queue.E018",
             )
         ]
+
+    def _check_eviction_policy(self) -> builtins.list[checks.CheckMessage]:
+        try:
+            with _client_for_checks(self.alias) as client, self._translated_errors("read maxmemory-policy"):
+                policy = read_eviction_policy(client)
+        except QueueError as error:
+            # Unreachable is no error of the set-up: a deploy may run checks where Redis
+            # is out of reach. The worker reads the policy again when it starts.
+            return [self._unchecked_policy(error.message)]
+        if policy is None:
+            return [
+                self._unchecked_policy(
+                    f"Could not read maxmemory-policy: Redis of CACHES[{self.alias!r}] refused both "
+                    "CONFIG GET and INFO to this user."
+                )
+            ]
+        if policy not in EVICTING_POLICIES:
+            return []
+        return [
+            checks.Error(
+                self._eviction_problem(policy),
+                hint="redis-cli CONFIG SET maxmemory-policy noeviction, and the same line in redis.conf. "
+                "A full Redis then refuses new mail (STORE_FULL) instead of losing queued mail.",
+                obj="BUMAIL_QUEUE",
+                id="bumail_queue.E022",
+            )
+        ]
+
+    def _unchecked_policy(self, why: str) -> checks.CheckMessage:
+        return checks.Warning(
+            why,
+            hint="The Redis store refuses a Redis that may evict its keys (E022); "
+            "allow INFO to the queue's ACL user, and run the check where Redis can be reached.",
+            obj="BUMAIL_QUEUE",
+            id="bumail_queue.W003",
+        )
 
 
 class _RedisListener(WorkListener):
@@ -658,11 +730,18 @@ def _copy(item: QueueItem) -> QueueItem:
 # -- errors and checks ----------------------------------------------------------------
 
 
+def _reply_text(error: ResponseError) -> str:
+    return f"{getattr(error, 'status_code', None) or ''} {error}".strip()
+
+
+def _out_of_memory(error: ResponseError) -> bool:
+    """Whether Redis refused a command for want of memory (``-OOM``, under ``noeviction``)."""
+    return isinstance(error, OutOfMemoryError) or _reply_text(error).startswith("OOM")
+
+
 def _refusal(error: ResponseError) -> str:
     """Say what a Redis error reply means for the queue."""
-    reply = f"{getattr(error, 'status_code', None) or ''} {error}".strip()
-    if isinstance(error, OutOfMemoryError) or reply.startswith("OOM"):
-        return "Redis is out of memory (maxmemory, with maxmemory-policy noeviction) and refused the write; nothing was written"
+    reply = _reply_text(error)
     if isinstance(error, ReadOnlyError) or reply.startswith("READONLY"):
         return "Redis is a replica, which refuses writes; point REDIS_CONNECTION at the primary"
     if isinstance(error, NoPermissionError) or reply.startswith("NOPERM"):
@@ -676,6 +755,42 @@ def _refusal(error: ResponseError) -> str:
     if "near '#'" in reply:
         return "the Redis store needs Redis 7.0 or newer (script flags)"
     return "Redis refused the command"
+
+
+def read_eviction_policy(client: Redis) -> str | None:
+    """Return Redis's ``maxmemory-policy``, or ``None`` when this user may read it nowhere.
+
+    ``CONFIG GET`` first; managed services that rename or forbid ``CONFIG`` still
+    answer ``INFO memory``. Errors other than a refusal (a lost connection) are raised.
+    """
+    try:
+        found: Mapping[Any, Any] = client.config_get("maxmemory-policy")
+        policy = found.get("maxmemory-policy", found.get(b"maxmemory-policy"))
+    except ResponseError:  # NOPERM, or an unknown (renamed) command
+        try:
+            policy = client.info("memory").get("maxmemory_policy")
+        except ResponseError:
+            return None
+    if isinstance(policy, bytes):
+        policy = policy.decode("ascii", "replace")
+    return None if policy is None else str(policy)
+
+
+@contextmanager
+def _client_for_checks(alias: str) -> Iterator[Redis]:
+    """Yield a client of ``alias`` whose connections give up after a few seconds."""
+    client = get_redis_connection(alias, write=True)
+    pool = client.connection_pool
+    if type(pool) is not ConnectionPool:  # Sentinel and the like: as configured
+        yield client
+        return
+    kwargs = {**pool.connection_kwargs}
+    kwargs["socket_timeout"] = kwargs["socket_connect_timeout"] = _CHECK_TIMEOUT_SECONDS
+    quick = ConnectionPool(connection_class=pool.connection_class, **kwargs)
+    try:
+        yield Redis(connection_pool=quick)
+    finally:
+        quick.disconnect()
 
 
 def _connection_problem(alias: str) -> str | None:
