@@ -32,3 +32,14 @@ def test_the_migrations_match_the_models():
     out = StringIO()
     call_command("makemigrations", "bumail_queue", "--check", "--dry-run", stdout=out)
     assert "No changes detected" in out.getvalue()
+
+
+def test_every_test_the_security_page_names_exists():
+    page = (ROOT / "docs" / "security.md").read_text()
+    named, current = [], None
+    for path, name in re.findall(r"`(tests/[\w/]+\.py)?::(\w+)`", page):
+        current = path or current
+        named.append((current, name))
+    assert len(named) > 30
+    missing = [(path, name) for path, name in named if f"def {name}(" not in (ROOT / path).read_text()]
+    assert missing == []
