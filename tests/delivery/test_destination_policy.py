@@ -269,7 +269,7 @@ INTERNAL_ZONE = {"internal.test": {"MX": [(10, "mx.internal.test")]}, "mx.intern
 @pytest.mark.django_db(transaction=True)
 def test_the_worker_never_connects_to_an_internal_listener(smtp_server, dns_server, failures, caplog) -> None:
     dns_server.zone = DNSZone(INTERNAL_ZONE)
-    with override_settings(BUMAIL_QUEUE=worker_settings(dns_server, smtp_server.port)), caplog.at_level(logging.WARNING):
+    with override_settings(BUMAIL_QUEUE=worker_settings(dns_server, smtp_server.port)), caplog.at_level(logging.WARNING, logger="bumail_queue"):
         for recipient in INTERNAL_RECIPIENTS:
             queue.enqueue(b"Subject: x\r\n\r\nx\r\n", sender="", recipients=[recipient])
         stats = queue.deliver_due()

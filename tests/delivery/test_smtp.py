@@ -475,7 +475,7 @@ def assert_secret_kept(password: str, caplog: pytest.LogCaptureFixture, *texts: 
 
 
 def test_auth_after_starttls(smtp_servers: Servers, smtp_tls: TestTLS, transport: SMTPTransport, caplog):
-    caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG, logger="bumail_queue")
     server = smtp_servers(tls=smtp_tls.server_context, auth=(USER, PASSWORD), auth_require_tls=True)
     route = smarthost(server, username=USER, password=PASSWORD)
     delivery = transport.deliver(envelope(), route=route, hosts=[Host(name="127.0.0.1", port=server.port)])
@@ -486,7 +486,7 @@ def test_auth_after_starttls(smtp_servers: Servers, smtp_tls: TestTLS, transport
 
 
 def test_wrong_credentials_defer_478(smtp_servers: Servers, transport: SMTPTransport, caplog):
-    caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG, logger="bumail_queue")
     server = smtp_servers(auth=(USER, "another password"))
     route = smarthost(server, tls="none", username=USER, password=PASSWORD)
     delivery = transport.deliver(envelope(), route=route, hosts=[Host(name="127.0.0.1", port=server.port)])
@@ -518,7 +518,7 @@ def test_auth_not_offered_is_a_route_option_error(smtp_server: SMTPTestServer, t
 
 
 def test_a_password_smtplib_cannot_send_is_a_route_option_error(smtp_servers: Servers, transport: SMTPTransport, caplog):
-    caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG, logger="bumail_queue")
     password = "test-pässwörd-sécret"
     server = smtp_servers(auth=(USER, password))
     route = smarthost(server, tls="none", username=USER, password=password)

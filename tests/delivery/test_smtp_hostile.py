@@ -410,7 +410,7 @@ def smarthost(server: SMTPTestServer) -> Route:
 def test_a_refused_auth_that_echoes_the_credentials_keeps_none_of_them(
     smtp_servers: Servers, transports: Callable[..., SMTPTransport], caplog
 ):
-    caplog.set_level("DEBUG")
+    caplog.set_level("DEBUG", logger="bumail_queue")
     server = smtp_servers(
         auth=(USER, PASSWORD), auth_reply="535 5.7.8 Refused: " + " ".join(auth_forms())
     )
