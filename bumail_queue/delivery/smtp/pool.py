@@ -1,0 +1,103 @@
+"""The pool of open sessions kept for reuse, by host and by how they were opened."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterable
+
+from bumail_queue.delivery.envelope import Host
+
+from .connection import _Connection, _Steps
+from .tls import _Policy
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Key:
+    """What a pooled connection may be reused for."""
+
+    name: str
+    address: str | None
+    port: int
+    policy: _Policy
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Session:
+    """An open connection to ``host``, and what it may be reused for."""
+
+    conn: _Connection
+    host: Host
+    key: _Key
+    last_used: float = 0.0
+    reused: bool = False  # taken from the pool: its first transaction starts with RSET
+
+
+class _Pool:
+    """Idle sessions, each kept ``reuse_seconds`` after its last use (0: none is kept).
+
+    Thread-safe: a session taken from the pool is used by one thread until given back.
+    """
+
+    def __init__(self, *, reuse_seconds: float, steps: _Steps, clock: Callable[[], float]) -> None:
+        self._reuse_seconds = max(0.0, reuse_seconds)
+        self._steps = steps
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._idle: dict[_Key, list[_Session]] = {}
+
+    def take(self, key: _Key) -> _Session | None:
+        """Return the most recently used pooled connection for ``key``, if still fresh."""
+        stale: list[_Session] = []
+        found: _Session | None = None
+        now = self._clock()
+        with self._lock:
+            idle = self._idle.get(key, [])
+            while idle and found is None:
+                session = idle.pop()
+                if now - session.last_used <= self._reuse_seconds:
+                    found = session
+                else:
+                    stale.append(session)
+            if not idle:
+                self._idle.pop(key, None)
+        self._quit_all(stale)
+        return found
+
+    def give(self, session: _Session) -> None:
+        """Keep ``session`` for reuse, or QUIT it when none is kept or it is closed."""
+        if self._reuse_seconds <= 0 or session.conn.sock is None:
+            self._steps.quit(session.conn)
+            return
+        session.last_used = self._clock()
+        with self._lock:
+            self._idle.setdefault(session.key, []).append(session)
+
+    def close_idle(self) -> None:
+        """QUIT and close the pooled connections idle longer than ``reuse_seconds``."""
+        now = self._clock()
+        stale: list[_Session] = []
+        with self._lock:
+            for key in list(self._idle):
+                idle = self._idle[key]
+                stale.extend(s for s in idle if now - s.last_used > self._reuse_seconds)
+                idle[:] = [s for s in idle if now - s.last_used <= self._reuse_seconds]
+                if not idle:
+                    del self._idle[key]
+        self._quit_all(stale)
+
+    def close(self) -> None:
+        """QUIT and close every pooled connection."""
+        with self._lock:
+            sessions = [s for idle in self._idle.values() for s in idle]
+            self._idle.clear()
+        self._quit_all(sessions)
+
+    def count(self) -> int:
+        """Return how many idle connections the pool holds."""
+        with self._lock:
+            return sum(len(idle) for idle in self._idle.values())
+
+    def _quit_all(self, sessions: Iterable[_Session]) -> None:
+        for session in sessions:
+            self._steps.quit(session.conn)

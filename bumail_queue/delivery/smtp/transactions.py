@@ -1,0 +1,325 @@
+"""The mail transactions of an open session: MAIL, RCPT, DATA and the message, pipelined
+when the server offers it (RFC 2920), until every recipient has an outcome."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import smtplib
+
+from bumail_queue.addresses import needs_smtputf8
+from bumail_queue.delivery.envelope import Envelope
+from bumail_queue.items import Outcome, RecipientStatus
+
+from .connection import _Steps
+from .failures import _lost, _StaleConnectionError, _StepError
+from .pool import _Session
+from .replies import _outcome, _own, _status_of
+
+# The package's logger: the name docs/delivery.md and docs/worker.md give.
+logger = logging.getLogger(__package__)
+
+#: How much of the message is sent under one ``data_block`` timeout.
+BLOCK_SIZE = 64 * 1024
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+_LEADING_DOT = re.compile(rb"^\.", re.MULTILINE)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Message:
+    """The message as it goes on the wire after DATA, and what MAIL says about it."""
+
+    data: bytes  # CRLF lines, dot-stuffed, ending with CRLF "." CRLF
+    size: int  # RFC 1870: CRLF lines, before dot-stuffing
+    eight_bit: bool
+
+    @classmethod
+    def of(cls, message: bytes) -> _Message:
+        # A stored message is nearly always CRLF already, with no line starting with
+        # "."; counting is far cheaper than the substitutions, so they run only when needed.
+        crlf = message.count(b"\r\n")
+        text = message if message.count(b"\r") == message.count(b"\n") == crlf else _LINE_END.sub(b"\r\n", message)
+        if text and not text.endswith(b"\r\n"):
+            text += b"\r\n"
+        stuffed = _LEADING_DOT.sub(b"..", text) if text.startswith(b".") or b"\n." in text else text
+        return cls(data=stuffed + b".\r\n", size=len(text), eight_bit=not message.isascii())
+
+
+class _Transactions:
+    """Runs the transactions of an envelope on an open session, each step armed by ``steps``."""
+
+    def __init__(self, steps: _Steps) -> None:
+        self._steps = steps
+
+    def run(
+        self,
+        session: _Session,
+        envelope: Envelope,
+        message: _Message,
+        pending: list[str],
+        outcomes: dict[str, Outcome],
+        deadline: float,
+    ) -> None:
+        """Run transactions until every recipient of ``pending`` has an outcome."""
+        conn, item_id = session.conn, envelope.item_id
+        utf8 = conn.has_extn("smtputf8")
+        if not utf8:
+            reply = _own("5.6.7", f"{session.host} does not offer SMTPUTF8, which this non-ASCII address needs")
+            unsendable = pending if needs_smtputf8(envelope.sender) else [r for r in pending if needs_smtputf8(r)]
+            outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=reply)) for r in unsendable)
+        todo = [r for r in pending if r not in outcomes]
+        limit = conn.esmtp_features.get("size", "").strip()
+        if todo and limit.isdigit() and 0 < int(limit) < message.size:
+            reply = _own(
+                "5.3.4", f"The message ({message.size} bytes) is larger than {session.host} takes ({int(limit)} bytes)"
+            )
+            outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=reply)) for r in todo)
+            todo = []
+        options = []
+        if conn.has_extn("size"):
+            options.append(f"SIZE={message.size}")
+        if message.eight_bit and conn.has_extn("8bitmime"):
+            options.append("BODY=8BITMIME")
+        if utf8 and (needs_smtputf8(envelope.sender) or any(map(needs_smtputf8, todo))):
+            options.append("SMTPUTF8")
+
+        if conn.has_extn("pipelining"):
+            reset = session.reused
+            while todo:
+                todo = self._pipelined(session, envelope, message, todo, outcomes, deadline, options, reset=reset)
+                reset = True
+            return
+        first = True
+        while todo:
+            if not first:
+                self._rset(session, item_id, deadline)
+            first = False
+            if "SMTPUTF8" in options:
+                conn.command_encoding = "utf-8"  # RSET sets it back to ASCII
+            mail_args = f"FROM:<{envelope.sender}>" + "".join(f" {o}" for o in options)
+            try:
+                code, raw = self._command(session, item_id, "mail", deadline, "MAIL", mail_args)
+            except ValueError as error:  # refused by smtplib, nothing was sent
+                reply = _own("5.1.7", f"smtplib refused the sender address: {error}")
+                outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=reply)) for r in todo)
+                return
+            if not 200 <= code < 300:
+                outcome = _outcome(code, raw)
+                outcomes.update((r, outcome) for r in todo)
+                return
+            todo = self._recipients(session, envelope, message, todo, outcomes, deadline)
+
+    def _command(
+        self, session: _Session, item_id: str, step: str, deadline: float, verb: str, args: str = ""
+    ) -> tuple[int, bytes]:
+        """Send ``verb`` and read its reply, the two within one step."""
+        self._steps.arm(session.conn, step, deadline, f"waiting for the reply to {verb}")
+        session.conn.putcmd(verb, args)
+        return self._reply(session, item_id, step, deadline, verb, args, armed=True)
+
+    def _reply(
+        self,
+        session: _Session,
+        item_id: str,
+        step: str,
+        deadline: float,
+        verb: str,
+        args: str = "",
+        *,
+        armed: bool = False,
+    ) -> tuple[int, bytes]:
+        """Read the reply to ``verb``, sent already; a 421 or a malformed reply raises."""
+        if not armed:
+            self._steps.arm(session.conn, step, deadline, f"waiting for the reply to {verb}")
+        code, raw = session.conn.getreply()
+        logger.debug("%s %s: %s -> %s", item_id, session.host, f"{verb} {args}".rstrip(), code)
+        if code == 421:
+            raise _StepError.of_reply(code, raw, when=f"to {verb}")
+        if _status_of(code) is None and not (verb == "DATA" and code == 354):
+            raise _StepError.protocol(code, raw, when=f"to {verb}")
+        return code, raw
+
+    def _pipelined(
+        self,
+        session: _Session,
+        envelope: Envelope,
+        message: _Message,
+        todo: list[str],
+        outcomes: dict[str, Outcome],
+        deadline: float,
+        options: list[str],
+        *,
+        reset: bool,
+    ) -> list[str]:
+        """One transaction with RFC 2920 pipelining: ``[RSET] MAIL RCPT... DATA`` in one
+        write, their replies read in order, then the message; return the recipients
+        left for another transaction (after a 452)."""
+        conn, item_id = session.conn, envelope.item_id
+        encoding = "utf-8" if "SMTPUTF8" in options else "ascii"
+        mail_args = f"FROM:<{envelope.sender}>" + "".join(f" {o}" for o in options)
+        try:
+            group = [f"MAIL {mail_args}\r\n".encode(encoding)]
+        except UnicodeEncodeError as error:
+            reply = _own("5.1.7", f"smtplib refused the sender address: {error}")
+            outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=reply)) for r in todo)
+            return []
+        sent: list[str] = []
+        for recipient in todo:
+            try:
+                group.append(f"RCPT TO:<{recipient}>\r\n".encode(encoding))
+            except UnicodeEncodeError as error:
+                reply = _own("5.1.3", f"smtplib refused the recipient address: {error}")
+                outcomes[recipient] = Outcome(status=RecipientStatus.FAILED, reply=reply)
+                continue
+            sent.append(recipient)
+        if not sent:
+            return []
+        if reset:
+            group.insert(0, b"RSET\r\n")
+        group.append(b"DATA\r\n")
+        self._steps.arm(conn, "mail", deadline, "sending MAIL")
+        try:
+            conn.send(b"".join(group))
+            if reset:
+                code, raw = self._reply(session, item_id, "mail", deadline, "RSET")
+                if not 200 <= code < 300:
+                    raise _StepError.of_reply(code, raw, when="to RSET")
+        except (OSError, smtplib.SMTPException, _StepError) as error:
+            if session.reused:
+                raise _StaleConnectionError from error
+            raise
+        session.reused = False
+        mail_code, mail_raw = self._reply(session, item_id, "mail", deadline, "MAIL", mail_args)
+        accepted: list[str] = []
+        left: list[str] = []
+        too_many: Outcome | None = None
+        for recipient in sent:
+            code, raw = self._reply(session, item_id, "rcpt", deadline, "RCPT", f"TO:<{recipient}>")
+            if not 200 <= mail_code < 300:
+                continue  # refused after a refused MAIL: the MAIL reply decides
+            if code == 452:
+                too_many = _outcome(code, raw)
+                left.append(recipient)
+            elif 200 <= code < 300:
+                accepted.append(recipient)
+            else:
+                outcomes[recipient] = _outcome(code, raw)
+        code, raw = self._reply(session, item_id, "data", deadline, "DATA")
+        if not 200 <= mail_code < 300:
+            outcome = _outcome(mail_code, mail_raw)
+            outcomes.update((r, outcome) for r in sent)
+            left = []
+        elif too_many is not None and left == sent:
+            # Not one recipient was decided: another transaction would get the same.
+            outcomes.update((r, too_many) for r in left)
+            left = []
+        self._after_data(session, item_id, code, raw, message, accepted, outcomes, deadline)
+        return left
+
+    def _after_data(
+        self,
+        session: _Session,
+        item_id: str,
+        code: int,
+        raw: bytes,
+        message: _Message,
+        accepted: list[str],
+        outcomes: dict[str, Outcome],
+        deadline: float,
+    ) -> None:
+        """Act on the reply to DATA: send the message after a 354, else it decides ``accepted``."""
+        if code == 354:
+            if accepted:
+                self._send_message(session, item_id, message, accepted, outcomes, deadline)
+            else:
+                self._end_empty_data(session, item_id, deadline)
+        elif 200 <= code < 300:
+            raise _StepError.protocol(code, raw, when="to DATA")
+        else:
+            outcome = _outcome(code, raw)
+            outcomes.update((r, outcome) for r in accepted)
+
+    def _end_empty_data(self, session: _Session, item_id: str, deadline: float) -> None:
+        # DATA went with the recipients, every one was refused, and yet the server
+        # said 354: end the message at once; no recipient takes it (RFC 2920 §3.1).
+        self._steps.arm(session.conn, "data_block", deadline, "ending an empty message")
+        session.conn.send(b".\r\n")
+        self._reply(session, item_id, "data_end", deadline, "DATA (empty)")
+
+    def _recipients(
+        self,
+        session: _Session,
+        envelope: Envelope,
+        message: _Message,
+        todo: list[str],
+        outcomes: dict[str, Outcome],
+        deadline: float,
+    ) -> list[str]:
+        """RCPT each of ``todo`` then DATA, in the open transaction; return the recipients left for another."""
+        item_id = envelope.item_id
+        accepted: list[str] = []
+        left: list[str] = []
+        too_many: Outcome | None = None
+        for index, recipient in enumerate(todo):
+            try:
+                code, raw = self._command(session, item_id, "rcpt", deadline, "RCPT", f"TO:<{recipient}>")
+            except ValueError as error:  # refused by smtplib, nothing was sent
+                reply = _own("5.1.3", f"smtplib refused the recipient address: {error}")
+                outcomes[recipient] = Outcome(status=RecipientStatus.FAILED, reply=reply)
+                continue
+            if code == 452:
+                too_many = _outcome(code, raw)
+                left = todo[index:]
+                break
+            if 200 <= code < 300:
+                accepted.append(recipient)
+            else:
+                outcomes[recipient] = _outcome(code, raw)
+        if too_many is not None and left == todo:
+            # Not one recipient was decided: another transaction would get the same.
+            outcomes.update((r, too_many) for r in left)
+            left = []
+        if accepted:
+            code, raw = self._command(session, item_id, "data", deadline, "DATA")
+            self._after_data(session, item_id, code, raw, message, accepted, outcomes, deadline)
+        elif not left:
+            self._rset(session, item_id, deadline)  # no DATA: close the transaction (the next one starts with RSET)
+        return left
+
+    def _rset(self, session: _Session, item_id: str, deadline: float) -> None:
+        code, raw = self._command(session, item_id, "mail", deadline, "RSET")
+        if not 200 <= code < 300:
+            raise _StepError.of_reply(code, raw, when="to RSET")
+
+    def _send_message(
+        self,
+        session: _Session,
+        item_id: str,
+        message: _Message,
+        accepted: list[str],
+        outcomes: dict[str, Outcome],
+        deadline: float,
+    ) -> None:
+        """Send the message after a 354; its reply decides every accepted recipient."""
+        conn = session.conn
+        view = memoryview(message.data)
+        for start in range(0, len(view), BLOCK_SIZE):
+            self._steps.arm(conn, "data_block", deadline, "sending the message")
+            try:
+                conn.send(view[start : start + BLOCK_SIZE])
+            except smtplib.SMTPServerDisconnected as error:
+                raise _lost(error, session.host, "while sending the message") from None
+        self._steps.arm(conn, "data_end", deadline, "waiting for the reply to the message")
+        try:
+            code, raw = conn.getreply()
+        except smtplib.SMTPServerDisconnected as error:
+            raise _lost(error, session.host, "waiting for the reply to the message") from None
+        logger.debug("%s %s: message of %s bytes -> %s", item_id, session.host, message.size, code)
+        if _status_of(code) is None:
+            raise _StepError.protocol(code, raw, when="to the message")
+        outcome = _outcome(code, raw)
+        outcomes.update((r, outcome) for r in accepted)
+        if code == 421:
+            raise _StepError.of_reply(code, raw, when="to the message")
