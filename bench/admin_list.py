@@ -42,7 +42,8 @@ DATABASE = "bumail_bench_admin"
 MESSAGE = (
     "From: Shop Example <shop@example.com>\r\nTo: someone@example.org\r\nSubject: Your order has shipped\r\n"
     "MIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\nMessage-ID: <bench@example.com>\r\n\r\n"
-    + "Your parcel is on its way and should arrive within three working days.\r\n" * 12
+    + "Your parcel is on its way and should arrive within three working days.\r\n"
+    * 12
 ).encode()
 
 
@@ -114,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         call_command("migrate", verbosity=0)
         started = time.perf_counter()
         fill(args.items)
-        print(f"{args.items:,} items made in {time.perf_counter() - started:.1f} s; PostgreSQL {connection.pg_version // 10000}\n")
+        print(
+            f"{args.items:,} items made in {time.perf_counter() - started:.1f} s; PostgreSQL {connection.pg_version // 10000}\n"
+        )
         client = Client()
         client.force_login(User.objects.create_superuser("bench", "bench@example.com", None))
         base = "/admin/bumail_queue/item/"

@@ -145,9 +145,19 @@ def main() -> int:
                 stores.append((postgres_url, args.redis))
             for url, redis_url in stores:
                 for reuse in (10.0, 0.0):
-                    label, seconds, delivered = in_child(drain_round, url, args.n, args.concurrency, reuse, port, redis_url)
+                    label, seconds, delivered = in_child(
+                        drain_round, url, args.n, args.concurrency, reuse, port, redis_url
+                    )
                     check = "ok" if delivered == args.n else f"only {delivered} delivered"
-                    rows.append((f"worker, connection reuse {'on' if reuse else 'off'}", label, args.concurrency, delivered / seconds, check))
+                    rows.append(
+                        (
+                            f"worker, connection reuse {'on' if reuse else 'off'}",
+                            label,
+                            args.concurrency,
+                            delivered / seconds,
+                            check,
+                        )
+                    )
     finally:
         drop_bench_database(args.postgres)
     best = rows[0][3]

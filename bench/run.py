@@ -67,8 +67,7 @@ BODY = (
 ) * 3
 RAW_MESSAGE = (
     b"From: app@example.com\r\nTo: user@example.com\r\nSubject: Your order\r\n"
-    b"MIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n"
-    + BODY.replace("\n", "\r\n").encode()
+    b"MIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n" + BODY.replace("\n", "\r\n").encode()
 )
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -122,9 +121,7 @@ class Row:
         rates = [s.items / s.seconds for s in self.samples]
         latencies = [x for s in self.samples for x in s.latencies]
         per_round = {s.items for s in self.samples}
-        items = (
-            f"{len(self.samples)} x {per_round.pop():,}" if len(per_round) == 1 else f"{self.items:,}"
-        )
+        items = f"{len(self.samples)} x {per_round.pop():,}" if len(per_round) == 1 else f"{self.items:,}"
         calls = sum(s.calls for s in self.samples)
         if calls:
             items += f" ({calls:,} calls)"
@@ -439,7 +436,9 @@ def claim_worker(database_url: str, owner: str, limit: int, now: datetime, barri
         conn.close()
 
 
-def run_claimers(database_url: str, *, processes: int, limit: int, now: datetime) -> tuple[float, list[float], list[str]]:
+def run_claimers(
+    database_url: str, *, processes: int, limit: int, now: datetime
+) -> tuple[float, list[float], list[str]]:
     """Start ``processes`` claim workers together; time from the first start to the last end."""
     ctx = _spawn()
     barrier = ctx.Barrier(processes)
@@ -548,7 +547,9 @@ def backlog_round(database_url: str, n: int, rows: dict[Any, Row]) -> None:
     # time (by hand, as the store never leaves it), so they stay at the front of the due
     # index. This is what the bench would show if a lease did not move next_attempt_at.
     with connection.cursor() as cursor:
-        cursor.execute(f"DELETE FROM {messages} WHERE item_id IN (SELECT id FROM {items} WHERE lease_owner <> %s)", [IN_FLIGHT])
+        cursor.execute(
+            f"DELETE FROM {messages} WHERE item_id IN (SELECT id FROM {items} WHERE lease_owner <> %s)", [IN_FLIGHT]
+        )
         cursor.execute(f"DELETE FROM {items} WHERE lease_owner <> %s", [IN_FLIGHT])
         cursor.execute(f"UPDATE {items} SET next_attempt_at = created_at WHERE lease_owner = %s", [IN_FLIGHT])
     sample = measure_claims(database_url, count=max(10, n // 10), processes=1, limit=1)
@@ -678,7 +679,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.only = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = sorted(set(args.only) - set(PHASES))
     if unknown or not args.only:
-        parser.error(f"--only takes a comma-separated subset of {','.join(PHASES)}; got {','.join(unknown) or 'nothing'}")
+        parser.error(
+            f"--only takes a comma-separated subset of {','.join(PHASES)}; got {','.join(unknown) or 'nothing'}"
+        )
     if args.rounds < 1:
         parser.error("--rounds must be 1 or more")
     if args.n < 10 * args.rounds:

@@ -157,5 +157,10 @@ def needs_smtputf8(address: str) -> bool:
 
 
 def domain_of(address: str) -> str:
-    """Return the domain part of a mailbox, lowercased: the key of routes and limits."""
-    return address.rpartition("@")[2].lower()
+    """Return the domain of an address, lowercased, after its last ``@``: the key of routes,
+    limits, the delivery log and the queue's shape.
+
+    A trailing dot goes: ``example.org.`` is the fully qualified form of the same domain
+    (RFC 1034 §3.1), as an operator may type it in a filter.
+    """
+    return address.rpartition("@")[2].rstrip(".").lower()

@@ -24,7 +24,6 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db import connections
 from django.db.models import Count, QuerySet
 from django.http import (
     Http404,
@@ -49,9 +48,8 @@ from .conf import get_settings
 from .items import QueueItem, Recipient, RecipientStatus, reply_line
 from .models import DeliveryLog, Item
 from .preview import HeadSummary, preview, srcdoc_for, summarize_head
-from .queries import ItemState, QueueSummary, bucket_labels, state_of
+from .queries import ItemState, QueueSummary, bucket_labels, is_estimate, state_of
 from .service import queue
-from .stores import orm_queries
 
 #: The Content-Security-Policy of every queue page: scripts from this site only, nothing
 #: framed from elsewhere. Inline styles are allowed because a message preview's frame
@@ -119,14 +117,12 @@ class ItemRow:
         return timeuntil(self.item.next_attempt_at, now, depth=1)
 
 
-def _reply_line(recipient: Recipient) -> str:
-    return "" if recipient.reply is None else reply_line(recipient.reply)
-
-
 def _recipient_rows(recipients: Sequence[Recipient], hosts: dict[str, str] | None = None) -> list[RecipientRow]:
     hosts = hosts or {}
     return [
-        RecipientRow(address=r.address, status=r.status, reply=_reply_line(r), remote_host=hosts.get(r.address, ""))
+        RecipientRow(
+            address=r.address, status=r.status, reply=reply_line(r.reply), remote_host=hosts.get(r.address, "")
+        )
         for r in recipients
     ]
 
@@ -143,17 +139,17 @@ def _ids_from(request: HttpRequest) -> list[str]:
 
 
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
-    """A paginator that never counts a large PostgreSQL table row by row.
+    """The delivery log's paginator: it never counts a large PostgreSQL log row by row.
 
-    With no filter, the count is the planner's estimate (``pg_class.reltuples``) once
-    that is above 100,000; a filtered list is counted, as it should be small.
+    With no filter, the count is ``delivery_log.estimated_count``; a filtered list is
+    counted, as it should be small.
     """
 
     @cached_property
     def count(self) -> int:
         object_list = self.object_list
-        if isinstance(object_list, QuerySet) and not object_list.query.where:
-            estimate = orm_queries.planner_estimate(connections[object_list.db], object_list.model._meta.db_table)
+        if isinstance(object_list, QuerySet) and object_list.model is DeliveryLog:
+            estimate = delivery_log.estimated_count(object_list)
             if estimate is not None:
                 return estimate
         return super().count
@@ -237,7 +233,9 @@ class ItemAdmin(_ItemAdminBase):
             page = 1
         per_page = self.list_per_page
         # One item more than the page: whether there is a next page, without a count.
-        found = queue.search(state=state, domain=domain or None, text=text or None, offset=(page - 1) * per_page, limit=per_page + 1)
+        found = queue.search(
+            state=state, domain=domain or None, text=text or None, offset=(page - 1) * per_page, limit=per_page + 1
+        )
         items, has_next = found[:per_page], len(found) > per_page
         rows = self._rows(items, now)
         filtered = bool(state or domain or text)
@@ -256,8 +254,7 @@ class ItemAdmin(_ItemAdminBase):
             previous_url=link(p=page - 1) if page > 1 else None,
             next_url=link(p=page + 1) if has_next else None,
             total=total,
-            # Above this, the ORM store on PostgreSQL gives the planner's estimate.
-            total_is_estimate=total is not None and total >= orm_queries.EXACT_COUNT_BELOW,
+            total_is_estimate=total is not None and is_estimate(total),
             filtered=filtered,
             query=text,
             domain=domain,
@@ -295,7 +292,9 @@ class ItemAdmin(_ItemAdminBase):
         action = request.POST.get("action", "")
         ids = _ids_from(request)
         back = request.POST.get("next") or ""
-        if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+        if not url_has_allowed_host_and_scheme(
+            back, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+        ):
             back = ""
         if action == RETRY:
             self._require(self.has_change_permission, request)
@@ -334,7 +333,9 @@ class ItemAdmin(_ItemAdminBase):
         if gone:
             parts.append(ngettext("%d was no longer queued", "%d were no longer queued", gone) % gone)
         if busy:
-            parts.append(ngettext("%d was being delivered, left alone", "%d were being delivered, left alone", busy) % busy)
+            parts.append(
+                ngettext("%d was being delivered, left alone", "%d were being delivered, left alone", busy) % busy
+            )
         self.message_user(request, "; ".join(parts) + ".", messages.SUCCESS if retried else messages.WARNING)
 
     def _cancel(self, request: HttpRequest, ids: list[str]) -> None:
@@ -428,7 +429,9 @@ class ItemAdmin(_ItemAdminBase):
                 .annotate(n=Count("id"))
             )
             by_status = {row["status"]: row["n"] for row in counted}
-            context["last_day"] = [(label, by_status.get(value, 0), value) for value, label in DeliveryLog.Status.choices]
+            context["last_day"] = [
+                (label, by_status.get(value, 0), value) for value, label in DeliveryLog.Status.choices
+            ]
         return TemplateResponse(request, "admin/bumail_queue/item/overview.html", context)
 
 
@@ -440,7 +443,15 @@ def overview_context(summary: QueueSummary, list_url: str, *, top: int = 20) -> 
     for state in ItemState:
         count = summary.by_state.get(state, 0)
         width = 100.0 * count / total
-        states.append({"state": state, "count": count, "x": round(offset, 3), "width": round(width, 3), "url": f"{list_url}?state={state.value}"})
+        states.append(
+            {
+                "state": state,
+                "count": count,
+                "x": round(offset, 3),
+                "width": round(width, 3),
+                "url": f"{list_url}?state={state.value}",
+            }
+        )
         offset += width
     shape = summary.shape[:top]
     widest = max((d.total for d in shape), default=0) or 1
@@ -463,7 +474,9 @@ def overview_context(summary: QueueSummary, list_url: str, *, top: int = 20) -> 
         "bucket_totals": summary.bucket_totals,
         "shape_rows": rows,
         "shape_left_out": len(summary.shape) - len(shape),
-        "oldest_age": None if summary.oldest_created_at is None else timesince(summary.oldest_created_at, summary.now, depth=1),
+        "oldest_age": None
+        if summary.oldest_created_at is None
+        else timesince(summary.oldest_created_at, summary.now, depth=1),
     }
 
 

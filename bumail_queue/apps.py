@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.apps import AppConfig
+from django.core.signals import setting_changed
 from django.utils.translation import gettext_lazy as _
 
 
@@ -11,6 +14,17 @@ class BumailQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, conf, delivery_log  # noqa: F401 - registers the checks and the reload receiver
+        from . import checks, conf, delivery_log  # noqa: F401 - registers the checks and the settings' reload receiver
 
         delivery_log.connect()
+        # Here rather than in conf, which the stores import: conf imports no store.
+        setting_changed.connect(_rebuild_store, dispatch_uid="bumail_queue.rebuild_store")
+
+
+def _rebuild_store(*, setting: str, **kwargs: Any) -> None:
+    """Drop the cached store when a setting it is built from changes (``override_settings``)."""
+    from .conf import RELOADED_BY
+    from .stores import get_store
+
+    if setting in RELOADED_BY:
+        get_store.cache_clear()

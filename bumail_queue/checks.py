@@ -75,6 +75,8 @@ def check_unverified_auth(app_configs: Sequence[AppConfig] | None = None, **kwar
         )
         for where, route in routes.items()
         # TLS "none" with credentials is W001's: no TLS at all, let alone a verified one.
-        if route.get("TYPE") == "smarthost" and route.get("TLS", "starttls") != "none"
-        and route.get("TLS_VERIFY") is False and route.get("USERNAME")
+        if route.get("TYPE") == "smarthost"
+        and route.get("TLS", "starttls") != "none"
+        and route.get("TLS_VERIFY") is False
+        and route.get("USERNAME")
     ]

@@ -91,12 +91,15 @@ _ROUTE_KEYS: Final = {
     "mx": {"TYPE", "TLS_REQUIRED"},
     "smarthost": {"TYPE", "HOST", "PORT", "USERNAME", "PASSWORD", "TLS", "TLS_VERIFY"},
 }
-_HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+_HOSTNAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?"
+)
 _REDIS_PREFIX = re.compile(r"[a-z][a-z0-9_:.\-]{0,39}")
 _PORT = re.compile(r"[0-9]{1,5}")
 # Durations beyond this are a mistake (and beyond what a timer or timedelta holds).
 _MAX_DURATION_SECONDS = 10 * 366 * 24 * 3600
-# The longest a timer waits (about 24 days, as the seed's original bounds them).
+# The longest a step may wait: 2**31 - 1 ms (about 24 days), the most a timer of
+# many platforms and libraries holds; anything longer is a mistake.
 _MAX_TIMEOUT_SECONDS = 2147483
 
 
@@ -228,11 +231,19 @@ class _Validator:
             return
         route_type = value.get("TYPE")
         if route_type not in ROUTE_TYPES:
-            self.add("bumail_queue.E007", where, f"{where}['TYPE'] must be one of {', '.join(map(repr, ROUTE_TYPES))}; got {route_type!r}.")
+            self.add(
+                "bumail_queue.E007",
+                where,
+                f"{where}['TYPE'] must be one of {', '.join(map(repr, ROUTE_TYPES))}; got {route_type!r}.",
+            )
             return
         unknown = sorted(set(value) - _ROUTE_KEYS[route_type])
         if unknown:
-            self.add("bumail_queue.E007", where, f"{where} has keys a {route_type!r} route does not take: {', '.join(unknown)} (allowed: {', '.join(sorted(_ROUTE_KEYS[route_type]))}).")
+            self.add(
+                "bumail_queue.E007",
+                where,
+                f"{where} has keys a {route_type!r} route does not take: {', '.join(unknown)} (allowed: {', '.join(sorted(_ROUTE_KEYS[route_type]))}).",
+            )
         if route_type == "smarthost":
             self._smarthost(value, where)
         for flag in ("TLS_REQUIRED", "TLS_VERIFY"):
@@ -245,10 +256,16 @@ class _Validator:
             self.add("bumail_queue.E007", where, f"{where}['HOST'] must be a host name or IP address; got {host!r}.")
         port = value.get("PORT", 587)
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-            self.add("bumail_queue.E007", where, f"{where}['PORT'] must be a port number from 1 to 65535; got {port!r}.")
+            self.add(
+                "bumail_queue.E007", where, f"{where}['PORT'] must be a port number from 1 to 65535; got {port!r}."
+            )
         tls = value.get("TLS", "starttls")
         if tls not in TLS_MODES:
-            self.add("bumail_queue.E007", where, f"{where}['TLS'] must be one of {', '.join(map(repr, TLS_MODES))}; got {tls!r}.")
+            self.add(
+                "bumail_queue.E007",
+                where,
+                f"{where}['TLS'] must be one of {', '.join(map(repr, TLS_MODES))}; got {tls!r}.",
+            )
         username, password = value.get("USERNAME"), value.get("PASSWORD")
         if username is not None and not isinstance(username, str):
             self.add("bumail_queue.E007", where, f"{where}['USERNAME'] must be a string.")
@@ -338,7 +355,11 @@ def validate(raw: Any) -> list[Problem]:
         )
     hostname = raw.get("HOSTNAME")
     if hostname is not None and (not isinstance(hostname, str) or not _HOSTNAME.fullmatch(hostname)):
-        check.add("bumail_queue.E006", "HOSTNAME", f"BUMAIL_QUEUE['HOSTNAME'] must be a host name (letters, digits, hyphens and dots), or None for socket.getfqdn(); got {hostname!r}.")
+        check.add(
+            "bumail_queue.E006",
+            "HOSTNAME",
+            f"BUMAIL_QUEUE['HOSTNAME'] must be a host name (letters, digits, hyphens and dots), or None for socket.getfqdn(); got {hostname!r}.",
+        )
 
     check.route(raw.get("ROUTE", DEFAULTS["ROUTE"]), "BUMAIL_QUEUE['ROUTE']")
     routes = raw.get("ROUTES", DEFAULTS["ROUTES"])
@@ -347,12 +368,18 @@ def validate(raw: Any) -> list[Problem]:
     else:
         for domain, route in routes.items():
             if not isinstance(domain, str) or not _HOSTNAME.fullmatch(normalise_domain(domain)):
-                check.add("bumail_queue.E007", "ROUTES", f"BUMAIL_QUEUE['ROUTES'] has a key that is not a domain: {domain!r}.")
+                check.add(
+                    "bumail_queue.E007", "ROUTES", f"BUMAIL_QUEUE['ROUTES'] has a key that is not a domain: {domain!r}."
+                )
             check.route(route, f"BUMAIL_QUEUE['ROUTES'][{domain!r}]")
 
     mx_port = raw.get("MX_PORT", DEFAULTS["MX_PORT"])
     if isinstance(mx_port, bool) or not isinstance(mx_port, int) or not 0 < mx_port < 65536:
-        check.add("bumail_queue.E008", "MX_PORT", f"BUMAIL_QUEUE['MX_PORT'] must be a port number from 1 to 65535; got {mx_port!r}.")
+        check.add(
+            "bumail_queue.E008",
+            "MX_PORT",
+            f"BUMAIL_QUEUE['MX_PORT'] must be a port number from 1 to 65535; got {mx_port!r}.",
+        )
     nameservers = raw.get("DNS_NAMESERVERS")
     if nameservers is not None and (
         isinstance(nameservers, str)
@@ -373,7 +400,11 @@ def validate(raw: Any) -> list[Problem]:
     check.positive_int(raw, "MAX_MESSAGE_SIZE", "bumail_queue.E012")
     check.positive_int(raw, "MAX_RECIPIENTS", "bumail_queue.E012")
     networks = raw.get("ALLOWED_PRIVATE_NETWORKS", DEFAULTS["ALLOWED_PRIVATE_NETWORKS"])
-    if isinstance(networks, str) or not isinstance(networks, list | tuple) or not all(_parse_network(n) for n in networks):
+    if (
+        isinstance(networks, str)
+        or not isinstance(networks, list | tuple)
+        or not all(_parse_network(n) for n in networks)
+    ):
         check.add(
             "bumail_queue.E021",
             "ALLOWED_PRIVATE_NETWORKS",
@@ -384,31 +415,78 @@ def validate(raw: Any) -> list[Problem]:
     min_delay = check.duration(raw, "RETRY_MIN_DELAY", "bumail_queue.E015")
     max_delay = check.duration(raw, "RETRY_MAX_DELAY", "bumail_queue.E015")
     if min_delay is not None and max_delay is not None and min_delay > max_delay:
-        check.add("bumail_queue.E015", "RETRY_MAX_DELAY", "BUMAIL_QUEUE['RETRY_MAX_DELAY'] must not be shorter than 'RETRY_MIN_DELAY'.")
+        check.add(
+            "bumail_queue.E015",
+            "RETRY_MAX_DELAY",
+            "BUMAIL_QUEUE['RETRY_MAX_DELAY'] must not be shorter than 'RETRY_MIN_DELAY'.",
+        )
     factor = raw.get("RETRY_FACTOR", DEFAULTS["RETRY_FACTOR"])
-    if isinstance(factor, bool) or not isinstance(factor, int | float) or not math.isfinite(factor) or not 1 <= factor <= 10:
-        check.add("bumail_queue.E015", "RETRY_FACTOR", f"BUMAIL_QUEUE['RETRY_FACTOR'] must be a number from 1 to 10; got {factor!r}.")
+    if (
+        isinstance(factor, bool)
+        or not isinstance(factor, int | float)
+        or not math.isfinite(factor)
+        or not 1 <= factor <= 10
+    ):
+        check.add(
+            "bumail_queue.E015",
+            "RETRY_FACTOR",
+            f"BUMAIL_QUEUE['RETRY_FACTOR'] must be a number from 1 to 10; got {factor!r}.",
+        )
     jitter = raw.get("RETRY_JITTER", DEFAULTS["RETRY_JITTER"])
     if isinstance(jitter, bool) or not isinstance(jitter, int | float) or not 0 <= jitter < 1:
-        check.add("bumail_queue.E015", "RETRY_JITTER", f"BUMAIL_QUEUE['RETRY_JITTER'] must be a number from 0 up to (not including) 1; got {jitter!r}.")
+        check.add(
+            "bumail_queue.E015",
+            "RETRY_JITTER",
+            f"BUMAIL_QUEUE['RETRY_JITTER'] must be a number from 0 up to (not including) 1; got {jitter!r}.",
+        )
     timeouts = raw.get("TIMEOUTS", DEFAULTS["TIMEOUTS"])
     if not isinstance(timeouts, Mapping):
         check.add("bumail_queue.E016", "TIMEOUTS", "BUMAIL_QUEUE['TIMEOUTS'] must be a dict of step name to seconds.")
     else:
         for step, seconds in timeouts.items():
             if step not in DEFAULT_TIMEOUTS:
-                check.add("bumail_queue.E016", "TIMEOUTS", f"BUMAIL_QUEUE['TIMEOUTS'] has an unknown step {step!r}; the steps are {', '.join(DEFAULT_TIMEOUTS)}.")
-            elif isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) or not 0 < seconds <= _MAX_TIMEOUT_SECONDS:
-                check.add("bumail_queue.E016", "TIMEOUTS", f"BUMAIL_QUEUE['TIMEOUTS'][{step!r}] must be a number of seconds above 0 and at most {_MAX_TIMEOUT_SECONDS}; got {seconds!r}.")
+                check.add(
+                    "bumail_queue.E016",
+                    "TIMEOUTS",
+                    f"BUMAIL_QUEUE['TIMEOUTS'] has an unknown step {step!r}; the steps are {', '.join(DEFAULT_TIMEOUTS)}.",
+                )
+            elif (
+                isinstance(seconds, bool)
+                or not isinstance(seconds, int | float)
+                or not math.isfinite(seconds)
+                or not 0 < seconds <= _MAX_TIMEOUT_SECONDS
+            ):
+                check.add(
+                    "bumail_queue.E016",
+                    "TIMEOUTS",
+                    f"BUMAIL_QUEUE['TIMEOUTS'][{step!r}] must be a number of seconds above 0 and at most {_MAX_TIMEOUT_SECONDS}; got {seconds!r}.",
+                )
     reuse = raw.get("CONNECTION_REUSE_SECONDS", DEFAULTS["CONNECTION_REUSE_SECONDS"])
-    if isinstance(reuse, bool) or not isinstance(reuse, int | float) or not math.isfinite(reuse) or not 0 <= reuse <= 3600:
-        check.add("bumail_queue.E017", "CONNECTION_REUSE_SECONDS", f"BUMAIL_QUEUE['CONNECTION_REUSE_SECONDS'] must be a number of seconds from 0 (no reuse) to 3600; got {reuse!r}.")
+    if (
+        isinstance(reuse, bool)
+        or not isinstance(reuse, int | float)
+        or not math.isfinite(reuse)
+        or not 0 <= reuse <= 3600
+    ):
+        check.add(
+            "bumail_queue.E017",
+            "CONNECTION_REUSE_SECONDS",
+            f"BUMAIL_QUEUE['CONNECTION_REUSE_SECONDS'] must be a number of seconds from 0 (no reuse) to 3600; got {reuse!r}.",
+        )
     check.positive_int(raw, "CLAIM_BATCH_SIZE", "bumail_queue.E017")
     poll = raw.get("POLL_SECONDS", DEFAULTS["POLL_SECONDS"])
     if isinstance(poll, bool) or not isinstance(poll, int | float) or not math.isfinite(poll) or not 0 < poll <= 3600:
-        check.add("bumail_queue.E017", "POLL_SECONDS", f"BUMAIL_QUEUE['POLL_SECONDS'] must be a number of seconds above 0 and at most 3600; got {poll!r}.")
+        check.add(
+            "bumail_queue.E017",
+            "POLL_SECONDS",
+            f"BUMAIL_QUEUE['POLL_SECONDS'] must be a number of seconds above 0 and at most 3600; got {poll!r}.",
+        )
     if not isinstance(raw.get("DELIVERY_LOG", DEFAULTS["DELIVERY_LOG"]), bool):
-        check.add("bumail_queue.E020", "DELIVERY_LOG", f"BUMAIL_QUEUE['DELIVERY_LOG'] must be True or False; got {raw.get('DELIVERY_LOG')!r}.")
+        check.add(
+            "bumail_queue.E020",
+            "DELIVERY_LOG",
+            f"BUMAIL_QUEUE['DELIVERY_LOG'] must be True or False; got {raw.get('DELIVERY_LOG')!r}.",
+        )
     if raw.get("DELIVERY_LOG_RETENTION", DEFAULTS["DELIVERY_LOG_RETENTION"]) is not None:
         check.duration(raw, "DELIVERY_LOG_RETENTION", "bumail_queue.E020")
     return check.problems
@@ -472,7 +550,9 @@ def load(raw: Any) -> QueueSettings:
         claim_batch_size=values["CLAIM_BATCH_SIZE"],
         poll_seconds=float(values["POLL_SECONDS"]),
         delivery_log=values["DELIVERY_LOG"],
-        delivery_log_retention=None if values["DELIVERY_LOG_RETENTION"] is None else _as_timedelta(values["DELIVERY_LOG_RETENTION"]),
+        delivery_log_retention=None
+        if values["DELIVERY_LOG_RETENTION"] is None
+        else _as_timedelta(values["DELIVERY_LOG_RETENTION"]),
     )
 
 
@@ -482,12 +562,14 @@ def get_settings() -> QueueSettings:
     return load(getattr(django_settings, SETTING_NAME, {}))
 
 
+RELOADED_BY: Final = frozenset({SETTING_NAME, "DATABASES", "CACHES"})
+"""The Django settings whose change makes the queue read its settings, and build its
+store, anew (the store's own receiver is connected in ``apps.py``)."""
+
+
 @receiver(setting_changed)
 def _reload(*, setting: str, **kwargs: Any) -> None:
-    # override_settings would otherwise leave the cached values, and the store built
-    # from them, in place (the limitation DRF's APISettings documents).
-    if setting in (SETTING_NAME, "DATABASES", "CACHES"):
+    # override_settings would otherwise leave the cached values in place (the
+    # limitation DRF's APISettings documents).
+    if setting in RELOADED_BY:
         get_settings.cache_clear()
-        from .stores import get_store
-
-        get_store.cache_clear()

@@ -21,10 +21,11 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from . import signals
+from .addresses import domain_of
 from .conf import get_settings
+from .estimates import planner_estimate
 from .items import QueueItem, Reply
 from .models import DeliveryLog
-from .queries import domain_of
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +126,11 @@ def _write_each_alone_on_failure(entries: list[DeliveryLog]) -> None:
         if len(entries) == 1:
             logger.exception("a delivery log entry could not be written item=%s", entries[0].item_id)
             return
-        logger.warning("the delivery log's batch could not be written; writing its %d entries one by one", len(entries), exc_info=True)
+        logger.warning(
+            "the delivery log's batch could not be written; writing its %d entries one by one",
+            len(entries),
+            exc_info=True,
+        )
     for entry in entries:
         try:
             write([entry])
@@ -188,6 +193,17 @@ def history(item_id: str) -> QuerySet[DeliveryLog]:
     return DeliveryLog.objects.using(get_settings().database).filter(item_id=item_id).order_by("logged_at", "id")
 
 
+def estimated_count(entries: QuerySet[DeliveryLog]) -> int | None:
+    """Return PostgreSQL's estimate of the whole log once it is large, or ``None``.
+
+    ``None`` means: count ``entries`` (a filtered list, a small log, SQLite). The log
+    is in the database whatever store keeps the queue, so this asks the database.
+    """
+    if entries.query.where:
+        return None
+    return planner_estimate(connections[entries.db], DeliveryLog._meta.db_table)
+
+
 def purge(*, older_than: timedelta, now: datetime | None = None, batch_size: int = PURGE_BATCH_SIZE) -> int:
     """Delete the entries logged more than ``older_than`` ago, in batches; return how many.
 
@@ -200,7 +216,9 @@ def purge(*, older_than: timedelta, now: datetime | None = None, batch_size: int
     deleted = 0
     while True:
         with transaction.atomic(using=database):
-            ids = list(rows.filter(logged_at__lt=cutoff).order_by("logged_at").values_list("id", flat=True)[:batch_size])
+            ids = list(
+                rows.filter(logged_at__lt=cutoff).order_by("logged_at").values_list("id", flat=True)[:batch_size]
+            )
             if not ids:
                 return deleted
             deleted += rows.filter(id__in=ids).delete()[0]

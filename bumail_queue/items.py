@@ -54,10 +54,17 @@ class Reply:
         )
 
 
-def reply_line(reply: Reply) -> str:
-    """Return a reply as one line, ``550 5.1.1 No such user``, the status code said once."""
-    text = reply.text if reply.text.startswith(reply.status) else f"{reply.status} {reply.text}"
-    return text if reply.code is None else f"{reply.code} {text}"
+def reply_line(reply: Reply | None) -> str:
+    """Return a reply as one line, ``550 5.1.1 No such user``, the status code said once.
+
+    Parts left empty (no server answered, no enhanced status, no text) are left out;
+    no reply at all is ``""``.
+    """
+    if reply is None:
+        return ""
+    status = "" if reply.text.startswith(reply.status) else reply.status
+    code = "" if reply.code is None else str(reply.code)
+    return " ".join(part for part in (code, status, reply.text) if part)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -119,11 +126,7 @@ class QueueItem:
 
     def is_leased_at(self, now: datetime) -> bool:
         """Return whether a lease holds the item at ``now``."""
-        return (
-            self.lease_owner is not None
-            and self.lease_expires_at is not None
-            and self.lease_expires_at > now
-        )
+        return self.lease_owner is not None and self.lease_expires_at is not None and self.lease_expires_at > now
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -198,7 +201,5 @@ class AttemptResult:
             if outcome is None or recipient.status.is_final:
                 updated.append(recipient)
             else:
-                updated.append(
-                    Recipient(address=recipient.address, status=outcome.status, reply=outcome.reply)
-                )
+                updated.append(Recipient(address=recipient.address, status=outcome.status, reply=outcome.reply))
         return updated

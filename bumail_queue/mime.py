@@ -18,6 +18,7 @@ import email.policy
 import email.utils
 import io
 import re
+import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from email.generator import BytesGenerator
@@ -28,6 +29,7 @@ from django.core.mail import EmailMessage
 
 from .addresses import check_mailbox, check_sender
 from .errors import ErrorCode, QueueError
+from .items import NewItem
 
 # RFC 5322 §2.2: a field name is printable US-ASCII (33-126) except the colon.
 _FIELD_NAME = re.compile(rb"[\x21-\x39\x3b-\x7e]+")
@@ -59,6 +61,18 @@ class Prepared:
     sender: str
     recipients: list[str]
     data: bytes
+
+    def new_item(self, *, now: datetime, next_attempt_at: datetime, key: str | None = None) -> NewItem:
+        """Return the item that queues this message, created ``now`` under a new id."""
+        return NewItem(
+            id=str(uuid.uuid4()),
+            sender=self.sender,
+            recipients=self.recipients,
+            message=self.data,
+            created_at=now,
+            next_attempt_at=next_attempt_at,
+            key=key,
+        )
 
 
 def _invalid(message: str) -> QueueError:
@@ -191,7 +205,12 @@ def _check_given_headers(message: EmailMessage) -> None:
             )
         _check_header_text(name, value)
     _check_header_text("Subject", message.subject)
-    for name, values in (("From", [message.from_email]), ("To", message.to), ("Cc", message.cc), ("Reply-To", message.reply_to)):
+    for name, values in (
+        ("From", [message.from_email]),
+        ("To", message.to),
+        ("Cc", message.cc),
+        ("Reply-To", message.reply_to),
+    ):
         for value in values:
             _check_header_text(name, value)
 

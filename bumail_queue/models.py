@@ -11,7 +11,7 @@ from typing import Any
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from .items import QueueItem, Recipient
+from .items import QueueItem, Recipient, Reply, reply_line
 
 
 class Item(models.Model):
@@ -154,8 +154,5 @@ class DeliveryLog(models.Model):
 
     @property
     def reply_line(self) -> str:
-        """Return the reply as one line: ``550 5.1.1 No such user``."""
-        parts = [str(self.reply_code) if self.reply_code is not None else "", self.reply_status, self.reply_text]
-        if self.reply_status and self.reply_text.startswith(self.reply_status):
-            parts.pop(1)
-        return " ".join(p for p in parts if p)
+        """Return the reply as one line: ``550 5.1.1 No such user`` (``items.reply_line``)."""
+        return reply_line(Reply(code=self.reply_code, status=self.reply_status, text=self.reply_text))

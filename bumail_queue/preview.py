@@ -37,7 +37,9 @@ MIME_NESTING_LIMIT = 100
 
 #: What a preview's document may load: inline styles and the message's own inline
 #: images (as data: URIs), nothing else. No script source at all.
-PREVIEW_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:; form-action 'none'; base-uri 'none'"
+PREVIEW_CSP = (
+    "default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:; form-action 'none'; base-uri 'none'"
+)
 
 _TAGS = nh3.ALLOWED_TAGS | {"font", "big", "tfoot"}
 _ATTRIBUTES: dict[str, set[str]] = copy.deepcopy(nh3.ALLOWED_ATTRIBUTES)
@@ -169,7 +171,9 @@ def _attachments(
         filename = part.get_filename() or ""
         if disposition is None and not filename and content_type.startswith("text/"):
             continue  # an alternative body beside the ones shown
-        found.append(Attachment(filename=filename, content_type=content_type, size=len(data), inline=disposition == "inline"))
+        found.append(
+            Attachment(filename=filename, content_type=content_type, size=len(data), inline=disposition == "inline")
+        )
         content_id = (part.get("Content-ID") or "").strip().strip("<>")
         if content_id and content_type in _INLINE_IMAGE_TYPES and len(data) <= budget:
             budget -= len(data)

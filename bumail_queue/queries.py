@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from .addresses import domain_of
 from .items import QueueItem
 
 #: How much of each message a text search reads for its header block, in every store.
@@ -47,11 +48,6 @@ def state_of(item: QueueItem, now: datetime) -> ItemState:
     if item.is_leased_at(now):
         return ItemState.DELIVERING
     return ItemState.DEFERRED if item.attempts > 0 else ItemState.QUEUED
-
-
-def domain_of(address: str) -> str:
-    """Return the domain of an address, lowercased (everything after its last ``@``)."""
-    return address.rpartition("@")[2].rstrip(".").lower()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,7 +88,9 @@ class ItemQuery:
             return item.id == self.item_id
         if text and self.text is not None:
             needle = self.text.casefold()
-            if needle not in item.sender.casefold() and not any(needle in r.address.casefold() for r in item.recipients):
+            if needle not in item.sender.casefold() and not any(
+                needle in r.address.casefold() for r in item.recipients
+            ):
                 return False
         return True
 
@@ -105,6 +103,29 @@ class ItemQuery:
             return str(uuid.UUID(self.text))
         except ValueError:
             return None
+
+
+class ItemCount(int):
+    """A count of items that says whether it is exact or a store's estimate.
+
+    It is an ``int`` wherever one is expected; ``exact`` is what the admin reads to say
+    "about" before an estimate, and only before one.
+    """
+
+    exact: bool
+
+    def __new__(cls, value: int, *, exact: bool) -> ItemCount:
+        count = super().__new__(cls, value)
+        count.exact = exact
+        return count
+
+    def __repr__(self) -> str:
+        return f"ItemCount({int(self)}, exact={self.exact})"
+
+
+def is_estimate(count: int) -> bool:
+    """Return whether ``count`` is an estimate: a plain ``int`` is taken as exact."""
+    return isinstance(count, ItemCount) and not count.exact
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -192,7 +213,9 @@ def shape_from_counts(counts: Mapping[tuple[str, int], int], buckets: int) -> tu
     return tuple(shapes)
 
 
-def summarize(items: Iterable[QueueItem], *, now: datetime, age_buckets: Sequence[timedelta] = AGE_BUCKETS) -> QueueSummary:
+def summarize(
+    items: Iterable[QueueItem], *, now: datetime, age_buckets: Sequence[timedelta] = AGE_BUCKETS
+) -> QueueSummary:
     """Return the summary of ``items`` (the whole queue) at ``now``, in plain Python."""
     bounds = tuple(age_buckets)
     by_state = dict.fromkeys(ItemState, 0)

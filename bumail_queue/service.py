@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import builtins
-import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.core.mail import EmailMessage
 from django.db import transaction
@@ -21,6 +20,7 @@ from .stores import QueueStore, get_store
 from .text import require_keepable
 
 if TYPE_CHECKING:
+    from .delivery.envelope import Resolver, Transport
     from .worker import Stats
 
 Clock = Callable[[], datetime]
@@ -68,7 +68,9 @@ class QueueService:
         settings = self.settings
         now = now or self.clock()
         if at is not None and (not isinstance(at, datetime) or timezone.is_naive(at)):
-            raise QueueError(ErrorCode.INVALID, "'at' must be an aware datetime (USE_TZ); got a naive one or another type.")
+            raise QueueError(
+                ErrorCode.INVALID, "'at' must be an aware datetime (USE_TZ); got a naive one or another type."
+            )
         if key is not None:
             if not isinstance(key, str) or not 0 < len(key) <= 255:
                 raise QueueError(ErrorCode.INVALID, "'key' must be a string of 1 to 255 characters.")
@@ -79,16 +81,10 @@ class QueueService:
                 message, sender=sender, recipients=recipients, hostname=settings.hostname, now=now, **limits
             )
         else:
-            prepared = mime.from_bytes(message, sender=sender, recipients=recipients, hostname=settings.hostname, now=now, **limits)
-        return NewItem(
-            id=str(uuid.uuid4()),
-            sender=prepared.sender,
-            recipients=prepared.recipients,
-            message=prepared.data,
-            created_at=now,
-            next_attempt_at=max(at, now) if at is not None else now,
-            key=key,
-        )
+            prepared = mime.from_bytes(
+                message, sender=sender, recipients=recipients, hostname=settings.hostname, now=now, **limits
+            )
+        return prepared.new_item(now=now, next_attempt_at=max(at, now) if at is not None else now, key=key)
 
     def enqueue(
         self,
@@ -174,7 +170,9 @@ class QueueService:
         """Return an item's message as queued, or ``None``."""
         return self.store.read_message(str(id))
 
-    def deliver_due(self, now: datetime | None = None, *, transport: Any = None, resolver: Any = None) -> Stats:
+    def deliver_due(
+        self, now: datetime | None = None, *, transport: Transport | None = None, resolver: Resolver | None = None
+    ) -> Stats:
         """Deliver everything due in this process, then return what was done.
 
         For tests and cron: ``now`` fixes the clock for the whole pass, and the SMTP
@@ -194,11 +192,7 @@ def _on_commit(store: QueueStore) -> bool:
     add waits for its commit: a view that rolls back queues nothing. The memory store
     adds at once, as its tests expect; so does every store outside a transaction.
     """
-    return (
-        not store.supports_transactional_enqueue
-        and store.durable
-        and transaction.get_connection().in_atomic_block
-    )
+    return not store.supports_transactional_enqueue and store.durable and transaction.get_connection().in_atomic_block
 
 
 queue = QueueService()

@@ -1,4 +1,12 @@
-"""The worker: claims due items, delivers them over SMTP, records every outcome.
+"""The worker: claims due items, delivers them over SMTP, has every outcome recorded.
+
+This module holds the scheduling together: the claim loop, which items start when
+(``CONCURRENCY``, ``DOMAIN_CONCURRENCY``, slow sessions), the threads that deliver,
+renew leases, listen for new mail and record, and a graceful stop. What one attempt
+decided and how it is recorded and told (signals, delivery log, DSNs) is the
+``Recorder``'s (``outcomes``); the delivery threads are a ``ThreadPool``
+(``threads``); the SMTP and DNS work is the delivery layer's, behind the
+``Transport`` and ``Resolver`` protocols.
 
 One ``Worker`` runs one claim loop in the calling thread and delivers on a pool of
 threads, one per session (SMTP is I/O, and ``smtplib`` blocks). The loop:
@@ -14,11 +22,11 @@ threads, one per session (SMTP is I/O, and ``smtplib`` blocks). The loop:
    announces new work, or ``POLL_SECONDS``.
 
 A delivery thread hands its attempt to the recorder thread and takes the next item
-while the outcome is written: the recorder lets a batch fill while sessions are under
-way, writes it in one commit, then sends the signals and DSNs. A side thread renews every held
-lease each third of ``LEASE_SECONDS``. ``stop()`` claims nothing more, lets
-deliveries under way end and records them, and gives back what was claimed but not
-started: due at once, no attempt counted.
+while the outcome is written: the recorder thread lets a batch fill while sessions
+are under way, and the ``Recorder`` writes it in one commit, then sends the signals
+and DSNs. A side thread renews every held lease each third of ``LEASE_SECONDS``.
+``stop()`` claims nothing more, lets deliveries under way end and records them, and
+gives back what was claimed but not started: due at once, no attempt counted.
 """
 
 from __future__ import annotations
@@ -34,29 +42,39 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
-from typing import Any, Protocol
+from datetime import datetime
 
 from django.db import connections
 from django.utils import timezone
 
-from bumail_queue import delivery_log, signals
-from bumail_queue.conf import QueueSettings, Route, get_settings
-from bumail_queue.delivery.dsn import ReportedRecipient, build_dsn
-from bumail_queue.delivery.envelope import Delivery, Envelope, Host
-from bumail_queue.delivery.retry import has_expired, is_delay_due, retry_delay
+from bumail_queue.conf import QueueSettings, get_settings
+from bumail_queue.delivery.envelope import Delivery, Envelope, Host, Resolver, Transport
 from bumail_queue.delivery.routes import Destination, group_by_destination
-from bumail_queue.errors import ErrorCode, QueueError
-from bumail_queue.items import (
-    AttemptResult,
-    Outcome,
-    QueueItem,
-    RecipientStatus,
-    Reply,
-    reply_line,
+from bumail_queue.errors import QueueError
+from bumail_queue.items import Outcome, QueueItem, RecipientStatus, Reply
+from bumail_queue.outcomes import (
+    Attempt,
+    Enqueue,
+    Recorder,
+    Stats,
+    close_broken_connections,
+    decide_attempt,
+    report_error,
+    store_enqueue,
 )
 from bumail_queue.stores import QueueStore, get_store
 from bumail_queue.stores.base import WorkListener
+from bumail_queue.threads import ThreadPool
+
+__all__ = [
+    "Attempt",
+    "Resolver",
+    "Stats",
+    "Transport",
+    "Worker",
+    "close_broken_connections",
+    "default_owner",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -66,9 +84,6 @@ RECORD_BATCH_LIMIT = 200
 RECORD_LINGER_SECONDS = 0.02
 """How long the recorder lets a batch fill while sessions are under way; it records
 at once when none is."""
-
-RECORD_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0)
-"""Seconds between the tries of a record the store refused as unavailable."""
 
 PREFETCH_MESSAGE_LIMIT = 256 * 1024
 PREFETCH_BATCH_LIMIT = 16 * 1024 * 1024
@@ -90,9 +105,6 @@ SLOW_SESSION_MESSAGE_LIMIT = PREFETCH_MESSAGE_LIMIT
 """A session whose message is larger keeps its ``CONCURRENCY`` slot however long it
 runs: sending it may be what takes the time, and the session holds it in memory."""
 
-POOL_IDLE_SECONDS = 60.0
-"""A delivery thread beyond ``CONCURRENCY`` ends once it has had no session this long."""
-
 Clock = Callable[[], datetime]
 
 LOST_MESSAGE_REPLY = Reply(
@@ -100,129 +112,9 @@ LOST_MESSAGE_REPLY = Reply(
 )
 
 
-class Transport(Protocol):
-    """Delivers one envelope to the first host of ``hosts`` that takes it."""
-
-    def deliver(self, envelope: Envelope, *, route: Route, hosts: Sequence[Host]) -> Delivery: ...
-
-    def close_idle(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class Resolver(Protocol):
-    """Finds the hosts that receive a domain's mail (``delivery.dns.MXResolver``)."""
-
-    def destinations(self, domain: str) -> Any: ...
-
-
-@dataclasses.dataclass(kw_only=True, slots=True)
-class Attempt:
-    """What one attempt at an item decided, before it is recorded."""
-
-    item: QueueItem
-    result: AttemptResult
-    remote_hosts: dict[str, str | None]
-    tls: dict[str, bool] = dataclasses.field(default_factory=dict)
-    lost_message: bool = False
-    delay_due: bool = False
-
-
-@dataclasses.dataclass(kw_only=True, slots=True)
-class Stats:
-    """What a worker did: items attempted, recipients by outcome, and store failures."""
-
-    items: int = 0
-    delivered: int = 0
-    deferred: int = 0
-    failed: int = 0
-    #: Claims the store refused, and batches whose outcomes it could not record.
-    store_errors: int = 0
-
-
-def close_broken_connections() -> None:
-    """Close this thread's database connections that broke, so the next query reopens them.
-
-    Not ``close_old_connections()``: under ``CONN_MAX_AGE = 0`` that closes every
-    connection each time, and a worker would reconnect for every claim.
-    """
-    for connection in connections.all(initialized_only=True):
-        if connection.connection is not None and connection.errors_occurred and not connection.is_usable():
-            connection.close()
-
-
 def default_owner() -> str:
     """Return a lease owner name unique to this process: host, pid and a random part."""
     return f"{socket.gethostname()}-{os.getpid()}-{random.randrange(16**6):06x}"  # noqa: S311 - a name, not a secret
-
-
-class _Pool:
-    """Threads started as jobs need them, up to ``limit``: ``size`` of them stay, the
-    others end after ``POOL_IDLE_SECONDS`` without a job. Each closes its own database
-    connections when it ends."""
-
-    def __init__(self, *, size: int, limit: int) -> None:
-        self._size = size
-        self._limit = limit
-        self._jobs: queue_module.SimpleQueue[Callable[[], None] | None] = queue_module.SimpleQueue()
-        self._lock = threading.Lock()
-        self._threads: set[threading.Thread] = set()
-        self._idle = 0  # threads waiting for a job
-        self._queued = 0  # jobs submitted and not yet taken
-        self._named = 0
-
-    def submit(self, job: Callable[[], None]) -> None:
-        with self._lock:
-            self._queued += 1
-            # Each queued job needs a thread waiting for it; at the limit, it waits for
-            # a session to end (the worker never starts more sessions than the limit).
-            if self._queued > self._idle and len(self._threads) < self._limit:
-                self._start_thread()
-        self._jobs.put(job)
-
-    def _start_thread(self) -> None:
-        thread = threading.Thread(target=self._serve, name=f"bumail-queue-delivery-{self._named}", daemon=True)
-        self._named += 1
-        self._threads.add(thread)
-        thread.start()
-
-    def _serve(self) -> None:
-        try:
-            while (job := self._next_job()) is not None:
-                job()
-        finally:
-            connections.close_all()
-
-    def _next_job(self) -> Callable[[], None] | None:
-        """Wait for a job; ``None`` at shutdown, or when this thread is one too many."""
-        while True:
-            with self._lock:
-                self._idle += 1
-            try:
-                job = self._jobs.get(timeout=POOL_IDLE_SECONDS)
-            except queue_module.Empty:
-                with self._lock:
-                    self._idle -= 1
-                    # Stay while a job is queued that no other idle thread will take.
-                    if len(self._threads) > self._size and self._queued <= self._idle:
-                        self._threads.discard(threading.current_thread())
-                        return None
-                continue
-            with self._lock:
-                self._idle -= 1
-                if job is None:
-                    self._threads.discard(threading.current_thread())
-                else:
-                    self._queued -= 1
-            return job
-
-    def shutdown(self) -> None:
-        with self._lock:
-            threads = list(self._threads)
-        for _ in threads:
-            self._jobs.put(None)
-        for thread in threads:
-            thread.join()
 
 
 class Worker:
@@ -241,6 +133,7 @@ class Worker:
         burst: bool = False,
         clock: Clock = timezone.now,
         rng: random.Random | None = None,
+        enqueue: Enqueue | None = None,
     ) -> None:
         self.settings = settings or get_settings()
         self.store = store or get_store()
@@ -254,6 +147,16 @@ class Worker:
         self.transport = transport or self._default_transport()
         self._resolver = resolver
         self.stats = Stats()
+        self._lease_until: dict[str, datetime] = {}
+        self.recorder = Recorder(
+            store=self.store,
+            settings=self.settings,
+            owner=self.owner,
+            clock=clock,
+            enqueue=enqueue or store_enqueue(self.store, self.settings, clock),
+            stats=self.stats,
+            lease_until=self._lease_until.get,
+        )
         self._changed = threading.Condition()
         self._stopping = threading.Event()
         self._stop_requested = False
@@ -268,7 +171,6 @@ class Worker:
         self._to_record: queue_module.SimpleQueue[Attempt | None] = queue_module.SimpleQueue()
         self._prefetched: dict[str, bytes] = {}
         self._busy: Counter[str] = Counter()
-        self._lease_until: dict[str, datetime] = {}
         # The last claim took fewer items than it asked for: the queue had no more due,
         # so finished sessions need not wake the loop to claim until mail is announced.
         self._drained = False
@@ -334,7 +236,7 @@ class Worker:
 
     def run(self) -> Stats:
         """Run the claim loop until ``stop()`` (or, in burst mode, until nothing is due)."""
-        pool = _Pool(size=self.concurrency, limit=self.concurrency + self._slow_session_limit)
+        pool = ThreadPool(size=self.concurrency, limit=self.concurrency + self._slow_session_limit)
         renewer = threading.Thread(target=self._renew_leases, name="bumail-queue-leases", daemon=True)
         renewer.start()
         recorder = threading.Thread(target=self._record_loop, name="bumail-queue-recorder", daemon=True)
@@ -360,7 +262,7 @@ class Worker:
 
     # -- the loop ---------------------------------------------------------------------
 
-    def _loop(self, pool: _Pool) -> None:
+    def _loop(self, pool: ThreadPool) -> None:
         while not self.stopping:
             close_broken_connections()
             claimed = self._claim()
@@ -410,7 +312,7 @@ class Worker:
             claimed = self.store.claim(owner=self.owner, now=now, lease_until=until, limit=limit)
         except QueueError as error:
             self.stats.store_errors += 1
-            self._report_error(error, None)
+            report_error(error, None)
             self._stopping.wait(min(self.settings.poll_seconds, 5))
             return []
         prefetched = self._prefetch(claimed)
@@ -442,7 +344,7 @@ class Worker:
         pending = [r.address for r in item.pending_recipients]
         return {d.limit_key for d in group_by_destination(pending, self.settings)}
 
-    def _start_what_fits(self, pool: _Pool) -> None:
+    def _start_what_fits(self, pool: ThreadPool) -> None:
         with self._changed:
             if self.stopping:
                 return  # what waits is given back, not started
@@ -464,7 +366,7 @@ class Worker:
                 pool.submit(functools.partial(self._deliver, item, keys, pool))
             self._waiting = still_waiting
 
-    def _session_ended(self, item: QueueItem, keys: set[str], pool: _Pool, *, to_record: bool) -> None:
+    def _session_ended(self, item: QueueItem, keys: set[str], pool: ThreadPool, *, to_record: bool) -> None:
         # The session's slots are free for the next item; the lease stays until recorded.
         with self._changed:
             self._sessions.pop(item.id, None)
@@ -507,7 +409,11 @@ class Worker:
             return None  # nothing waits, or it waits for its destination, not for a slot
         if self._slow_sessions(now) >= self._slow_session_limit:
             return None  # a slot frees only when a session ends
-        turns = [session.turns_slow_at - now for session in self._sessions.values() if session.may_turn_slow and not session.is_slow(now)]
+        turns = [
+            session.turns_slow_at - now
+            for session in self._sessions.values()
+            if session.may_turn_slow and not session.is_slow(now)
+        ]
         return min(turns, default=None)
 
     def _idle_seconds(self) -> float:
@@ -541,7 +447,7 @@ class Worker:
             try:
                 self.store.reschedule(item.id, at=now, owner=self.owner)
             except QueueError as error:
-                self._report_error(error, item.id)
+                report_error(error, item.id)
             self._lease_until.pop(item.id, None)
         if waiting:
             logger.info("gave back items=%d owner=%s", len(waiting), self.owner, extra={"action": "give_back"})
@@ -563,7 +469,7 @@ class Worker:
                     try:
                         renewed = self.store.renew(item_id, owner=self.owner, lease_until=until)
                     except QueueError as error:
-                        self._report_error(error, item_id)
+                        report_error(error, item_id)
                         continue
                     with self._changed:
                         if renewed and item_id in self._lease_until:
@@ -585,7 +491,7 @@ class Worker:
                     if listener.wait(timeout=1.0):
                         self.wake()
                 except Exception as error:  # a dropped connection: say so, then listen anew
-                    self._report_error(error, None)
+                    report_error(error, None)
                     if listener is not None:
                         listener.close()
                     listener = None
@@ -597,15 +503,15 @@ class Worker:
 
     # -- one item ---------------------------------------------------------------------
 
-    def _deliver(self, item: QueueItem, keys: set[str], pool: _Pool) -> None:
+    def _deliver(self, item: QueueItem, keys: set[str], pool: ThreadPool) -> None:
         attempt = None
         try:
             attempt = self.attempt(item)
         except QueueError as error:  # the store is down: said once, the lease brings the item back
-            self._report_error(error, item.id)
+            report_error(error, item.id)
         except Exception as error:  # a bug: the lease brings the item back
             logger.exception("delivery failed item=%s", item.id, extra={"action": "error", "item_id": item.id})
-            self._report_error(error, item.id)
+            report_error(error, item.id)
         finally:
             self._session_ended(item, keys, pool, to_record=attempt is not None)
         if attempt is not None:
@@ -631,11 +537,11 @@ class Worker:
                     batch.append(attempt)
                 close_broken_connections()
                 try:
-                    self.record_many(batch)
+                    self.complete_many(batch)
                 except Exception as error:  # a bug: the leases bring the items back
                     logger.exception("recording failed items=%d", len(batch), extra={"action": "error"})
                     for attempt in batch:
-                        self._report_error(error, attempt.item.id)
+                        report_error(error, attempt.item.id)
                 finally:
                     with self._changed:
                         for attempt in batch:
@@ -654,14 +560,19 @@ class Worker:
         if message is None:
             if self.store.get(item.id) is None:
                 return None  # cancelled, or finished by another worker: not ours to tell
-            lost = {r.address: Outcome(status=RecipientStatus.FAILED, reply=LOST_MESSAGE_REPLY) for r in item.pending_recipients}
+            lost = {
+                r.address: Outcome(status=RecipientStatus.FAILED, reply=LOST_MESSAGE_REPLY)
+                for r in item.pending_recipients
+            }
             return self._attempt_from(item, lost, dict.fromkeys(lost), lost_message=True)
         outcomes: dict[str, Outcome] = {}
         remote_hosts: dict[str, str | None] = {}
         tls: dict[str, bool] = {}
         pending = [r.address for r in item.pending_recipients]
         for destination, addresses in group_by_destination(pending, self.settings).items():
-            delivery = self._deliver_to(destination, Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message))
+            delivery = self._deliver_to(
+                destination, Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message)
+            )
             for address in addresses:
                 outcomes[address] = delivery.outcomes[address]
                 remote_hosts[address] = delivery.remote_host
@@ -680,10 +591,9 @@ class Worker:
                 return Delivery(outcomes=dict.fromkeys(envelope.recipients, found.failure), remote_host=None)
             hosts = found.hosts
         delivery = self.transport.deliver(envelope, route=route, hosts=hosts)
-        option_error = getattr(delivery, "option_error", None)
-        if option_error is not None:
+        if delivery.option_error is not None:
             # The route's options were refused (4.3.5): the configuration is to fix.
-            self._report_error(option_error, envelope.item_id)
+            report_error(delivery.option_error, envelope.item_id)
         return delivery
 
     def _attempt_from(
@@ -695,181 +605,26 @@ class Worker:
         tls: dict[str, bool] | None = None,
         lost_message: bool = False,
     ) -> Attempt:
-        now = self.clock()
-        if has_expired(item.created_at, now, self.settings):
-            outcomes = {address: _expired(outcome, self.settings.max_age) for address, outcome in outcomes.items()}
-        still_deferred = any(o.status == RecipientStatus.DEFERRED for o in outcomes.values())
-        delay_due = bool(item.sender) and still_deferred and not item.delay_notified and is_delay_due(item.created_at, now, self.settings)
-        result = AttemptResult(
-            outcomes=outcomes,
-            next_attempt_at=now + retry_delay(item.attempts + 1, self.settings, self.rng),
-            delay_notified=True if delay_due else None,
-        )
-        return Attempt(
-            item=item, result=result, remote_hosts=remote_hosts, tls=tls or {}, lost_message=lost_message, delay_due=delay_due
+        return decide_attempt(
+            item,
+            outcomes,
+            remote_hosts,
+            settings=self.settings,
+            now=self.clock(),
+            rng=self.rng,
+            tls=tls,
+            lost_message=lost_message,
         )
 
-    # -- recording and telling ---------------------------------------------------------
+    # -- recording ----------------------------------------------------------------------
 
-    def record(self, attempt: Attempt) -> QueueItem | None:
-        """Record an attempt while the lease holds, then send its signals and DSNs."""
-        return self.record_many([attempt])[0]
+    def complete(self, attempt: Attempt) -> QueueItem | None:
+        """Complete an attempt in the store while the lease holds, then send its signals and DSNs."""
+        return self.recorder.complete_many([attempt])[0]
 
-    def record_many(self, attempts: Sequence[Attempt]) -> list[QueueItem | None]:
-        """Record attempts in one step of the store, then tell each one's outcome.
-
-        A store that is briefly unavailable (a restart, a failover) is tried again a
-        few times: the mail has gone out, and an outcome not recorded means sending
-        it again once the lease expires.
-        """
-        results = [(a.item.id, a.result) for a in attempts]
-        delays = iter(RECORD_RETRY_DELAYS)
-        while True:
-            try:
-                done = self.store.complete_many(self.owner, results)
-                break
-            except QueueError as error:
-                delay = next(delays, None) if error.code == ErrorCode.STORE_UNAVAILABLE else None
-                if delay is None:
-                    self.stats.store_errors += 1
-                    for attempt in attempts:
-                        self._report_error(error, attempt.item.id)
-                    return [None] * len(attempts)
-                logger.warning("recording again in %gs items=%d: %s", delay, len(attempts), error, extra={"action": "error"})
-                time.sleep(delay)
-                close_broken_connections()
-        with delivery_log.gathered():  # the batch's log entries in one INSERT
-            return [self._told_alone(attempt, recorded) for attempt, recorded in zip(attempts, done, strict=True)]
-
-    def _told_alone(self, attempt: Attempt, recorded: QueueItem | QueueError | None) -> QueueItem | None:
-        """Tell one attempt; what goes wrong there is that item's alone, never the batch's.
-
-        The outcomes are recorded by now: an exception here must not cost the other
-        items of the batch their signals, log entries and DSNs.
-        """
-        try:
-            return self._told(attempt, recorded)
-        except Exception as error:  # a bug: reported for this item, the batch goes on
-            logger.exception("telling an outcome failed item=%s", attempt.item.id, extra={"action": "error", "item_id": attempt.item.id})
-            self._report_error(error, attempt.item.id)
-            return recorded if isinstance(recorded, QueueItem) else None
-
-    def _told(self, attempt: Attempt, recorded: QueueItem | QueueError | None) -> QueueItem | None:
-        """Send what one recorded attempt calls for: its signals, its DSNs, its errors."""
-        item = attempt.item
-        if isinstance(recorded, QueueError):
-            self._report_error(recorded, item.id)
-            return None
-        if recorded is None:
-            lease_until = self._lease_until.get(item.id)
-            if lease_until is not None and self.clock() < lease_until and not attempt.lost_message:
-                # Cancelled while we held the lease: say what the session did, no DSN.
-                self._tell_outcomes(attempt, None)
-            elif not attempt.lost_message:
-                self._report_error(
-                    QueueError(
-                        ErrorCode.LEASE_LOST,
-                        f"Item {item.id} left the queue after its lease expired: lost to another worker or cancelled; nothing was recorded.",
-                        item_id=item.id,
-                    ),
-                    item.id,
-                )
-            return None
-        if attempt.lost_message:
-            self._report_error(
-                QueueError(
-                    ErrorCode.MESSAGE_UNREADABLE,
-                    f"The message of {item.id} is unreadable: the store holds the item but not its message, so every pending recipient failed.",
-                    item_id=item.id,
-                ),
-                item.id,
-            )
-        self._tell_outcomes(attempt, recorded)
-        self._send_dsns(attempt)
-        return recorded
-
-    def _tell_outcomes(self, attempt: Attempt, recorded: QueueItem | None) -> None:
-        item = attempt.item
-        with self._changed:
-            self.stats.items += 1
-            for outcome in attempt.result.outcomes.values():
-                name = outcome.status.value
-                setattr(self.stats, name, getattr(self.stats, name) + 1)
-        for address, outcome in attempt.result.outcomes.items():
-            reply = outcome.reply
-            logger.info(
-                "outcome item=%s recipient=%s status=%s reply=%s",
-                item.id, address, outcome.status.value, reply_line(reply),
-                extra={"action": outcome.status.value, "item_id": item.id},
-            )  # fmt: skip
-            # The delivery log keeps the sender and the host that gave the reply.
-            told = {
-                "item_id": item.id,
-                "recipient": address,
-                "reply": reply,
-                "envelope_sender": item.sender,
-                "remote_host": attempt.remote_hosts.get(address),
-                "tls": attempt.tls.get(address, False),
-            }
-            if outcome.status == RecipientStatus.DELIVERED:
-                signals.send(signals.delivered, **told)
-            elif outcome.status == RecipientStatus.FAILED:
-                signals.send(signals.failed, **told)
-            else:
-                next_at = recorded.next_attempt_at if recorded is not None else attempt.result.next_attempt_at
-                signals.send(signals.deferred, **told, next_attempt_at=next_at)
-
-    def _send_dsns(self, attempt: Attempt) -> None:
-        item = attempt.item
-        if not item.sender:
-            return  # never a DSN about a message from <>
-        now = self.clock()
-        failed = [a for a, o in attempt.result.outcomes.items() if o.status == RecipientStatus.FAILED]
-        if failed:
-            self._send_dsn("failed", attempt, failed, now)
-        if attempt.delay_due:
-            delayed = [a for a, o in attempt.result.outcomes.items() if o.status == RecipientStatus.DEFERRED]
-            self._send_dsn("delayed", attempt, delayed, now)
-
-    def _send_dsn(self, kind: str, attempt: Attempt, addresses: list[str], now: datetime) -> None:
-        from bumail_queue.service import QueueService
-
-        item = attempt.item
-        reported = [
-            ReportedRecipient(
-                address=address,
-                action=kind,  # type: ignore[arg-type]
-                reply=attempt.result.outcomes[address].reply,
-                remote_mta=attempt.remote_hosts.get(address),
-                last_attempt_at=now,
-            )
-            for address in addresses
-        ]
-        try:
-            original = None if attempt.lost_message else self.store.read_message(item.id)
-            data = build_dsn(
-                kind=kind,  # type: ignore[arg-type]
-                reporting_mta=self.settings.hostname,
-                original=item,
-                original_message=original,
-                recipients=reported,
-                now=now,
-                will_retry_until=item.created_at + self.settings.max_age if kind == "delayed" else None,
-            )
-            service = QueueService(store=self.store, settings=self.settings, clock=self.clock)
-            dsn_item = service.enqueue(data, sender="", recipients=[item.sender])
-        except QueueError as error:
-            self._report_error(error, item.id)
-            return
-        except Exception as error:  # a DSN that cannot be built: this item's alone
-            logger.exception("a %s DSN could not be built item=%s", kind, item.id, extra={"action": "error", "item_id": item.id})
-            self._report_error(error, item.id)
-            return
-        signals.send(signals.dsn, kind=kind, dsn_id=dsn_item.id, of=item.id, to=item.sender, recipients=addresses)
-
-    def _report_error(self, error: BaseException, item_id: str | None) -> None:
-        logger.warning("error item=%s %s", item_id, error, extra={"action": "error", "item_id": item_id})
-        signals.send(signals.error, error=error, item_id=item_id)
+    def complete_many(self, attempts: Sequence[Attempt]) -> list[QueueItem | None]:
+        """Complete attempts in one step of the store (``QueueStore.complete_many``), then tell each one."""
+        return self.recorder.complete_many(attempts)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -887,19 +642,3 @@ class _Session:
         # A small message goes out in a round trip or two: a session of one that has
         # run this long spends its time waiting for the peer's replies.
         return self.may_turn_slow and now >= self.turns_slow_at
-
-
-def _expired(outcome: Outcome, max_age: timedelta) -> Outcome:
-    """Turn a deferral past ``MAX_AGE`` into a final failure (4.4.7), keeping the last reply."""
-    if outcome.status != RecipientStatus.DEFERRED:
-        return outcome
-    reply = outcome.reply
-    text = f"Delivery time expired after {_days(max_age)}; last reply: {reply_line(reply)}"
-    return Outcome(status=RecipientStatus.FAILED, reply=Reply(code=reply.code, status="4.4.7", text=text[:512]))
-
-
-def _days(span: timedelta) -> str:
-    days = span.total_seconds() / 86400
-    if days == 1:
-        return "1 day"
-    return f"{days:g} days" if days > 1 else f"{span.total_seconds():g} seconds"

@@ -273,7 +273,9 @@ class Children:
     def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if os.name == "nt":
-            process = subprocess.Popen(args, cwd=PROJECT_DIR, env=env, creationflags=subprocess.CREATE_NEW_PROCESS_GROUP)
+            process = subprocess.Popen(
+                args, cwd=PROJECT_DIR, env=env, creationflags=subprocess.CREATE_NEW_PROCESS_GROUP
+            )
         else:
             process = subprocess.Popen(args, cwd=PROJECT_DIR, env=env, start_new_session=True)
         self.running.append((name, process))
@@ -380,7 +382,9 @@ def run_sink(port: int) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    controller = Controller(PrintingHandler(), hostname=HOST, port=port, server_hostname="localhost", enable_SMTPUTF8=True)
+    controller = Controller(
+        PrintingHandler(), hostname=HOST, port=port, server_hostname="localhost", enable_SMTPUTF8=True
+    )
     try:
         controller.start()
     except Exception as error:  # said plainly, then a non-zero exit

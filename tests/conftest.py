@@ -79,8 +79,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         params = settings.DATABASES["default"]
         try:
             psycopg.connect(
-                host=params["HOST"], port=params["PORT"] or 5432, user=params["USER"], dbname=params["NAME"],
-                password=params["PASSWORD"] or None, connect_timeout=5,
+                host=params["HOST"],
+                port=params["PORT"] or 5432,
+                user=params["USER"],
+                dbname=params["NAME"],
+                password=params["PASSWORD"] or None,
+                connect_timeout=5,
             ).close()
         except psycopg.OperationalError as error:
             pytest.exit(f"PostgreSQL is required under CI and cannot be reached: {error}", returncode=3)
@@ -149,7 +153,9 @@ def redis_settings(redis_prefix: str) -> dict[str, str]:
 @pytest.fixture
 def redis_store(redis_prefix: str) -> RedisStore:
     """An empty Redis store under this test's own prefix."""
-    settings = dataclasses.replace(get_settings(), store="redis", redis_connection=REDIS_ALIAS, redis_key_prefix=redis_prefix)
+    settings = dataclasses.replace(
+        get_settings(), store="redis", redis_connection=REDIS_ALIAS, redis_key_prefix=redis_prefix
+    )
     return RedisStore(settings)
 
 

@@ -23,7 +23,11 @@ class NewItemFactory(factory.Factory):
     sender = factory.Sequence(lambda n: f"sender{n}@example.com")
     recipients = factory.Sequence(lambda n: [f"rcpt{n}@example.org"])
     message = factory.LazyAttribute(
-        lambda o: f"From: {o.sender}\r\nTo: {', '.join(o.recipients)}\r\nSubject: test\r\n\r\nbody of {o.id}\r\n".encode("utf-8", "replace")
+        lambda o: (
+            f"From: {o.sender}\r\nTo: {', '.join(o.recipients)}\r\nSubject: test\r\n\r\nbody of {o.id}\r\n".encode(
+                "utf-8", "replace"
+            )
+        )
     )
     created_at = factory.LazyFunction(timezone.now)
     next_attempt_at = factory.LazyAttribute(lambda o: o.created_at)

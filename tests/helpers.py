@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable
+import urllib.parse
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import django.core.mail
+from django.db import connection
 from django.test import override_settings
 
 from bumail_queue.delivery.envelope import Delivery
 from bumail_queue.items import Outcome, RecipientStatus, Reply
 
 BACKEND = "bumail_queue.backends.QueueEmailBackend"
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def use_queue_backend() -> override_settings:
@@ -58,7 +70,9 @@ class ScriptedTransport:
         outcomes = {}
         for address in envelope.recipients:
             reply = self.replies.get(address, self.default)
-            status = {2: RecipientStatus.DELIVERED, 4: RecipientStatus.DEFERRED, 5: RecipientStatus.FAILED}[reply.code // 100]
+            status = {2: RecipientStatus.DELIVERED, 4: RecipientStatus.DEFERRED, 5: RecipientStatus.FAILED}[
+                reply.code // 100
+            ]
             outcomes[address] = Outcome(status=status, reply=reply)
         return Delivery(outcomes=outcomes, remote_host=self.remote_host)
 
@@ -67,3 +81,127 @@ class ScriptedTransport:
 
     def close(self):
         pass
+
+
+def smarthost(server, **extra):
+    """``BUMAIL_QUEUE`` settings that send everything to ``server`` (a loopback SMTP server)."""
+    return {
+        "HOSTNAME": "mta.example.com",
+        "ROUTE": {"TYPE": "smarthost", "HOST": "127.0.0.1", "PORT": server.port, "TLS": "none"},
+        **extra,
+    }
+
+
+# -- queue_worker processes -------------------------------------------------------------
+
+
+def worker_env(settings):
+    """The environment of a ``queue_worker`` process on this test's database and ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BUMAIL_", "DJANGO_"))}
+    env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    env["BUMAIL_TEST_QUEUE"] = json.dumps(settings)
+    name = connection.settings_dict["NAME"]
+    if connection.vendor == "sqlite":
+        env["DATABASE_URL"] = f"sqlite:///{name}"
+    else:
+        params = connection.settings_dict
+        env["DATABASE_URL"] = (
+            f"postgres://{params['USER']}@{params['HOST'] or '127.0.0.1'}:{params['PORT'] or 5432}/{name}"
+        )
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def start_worker(settings, *args, redis_url=None):
+    env = worker_env(settings)
+    if redis_url is not None:
+        env["REDIS_URL"] = redis_url
+    return subprocess.Popen(
+        [sys.executable, "-m", "django", "queue_worker", "-v", "2", *args],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def read_all(worker):
+    """Collect what a worker prints, as it prints it (a full pipe would stall it).
+
+    Return the list of lines, and the thread that fills it: join it once the worker
+    has exited to have every line.
+    """
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(worker.stdout), daemon=True)
+    reader.start()
+    return lines, reader
+
+
+@contextlib.contextmanager
+def running_worker(settings, *args, redis_url=None):
+    """A ``queue_worker`` process and the lines it printed; SIGTERM and a wait at the end."""
+    worker = start_worker(settings, *args, redis_url=redis_url)
+    lines, reader = read_all(worker)
+    try:
+        yield worker, lines
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=20)
+        reader.join(5)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+
+def printed(lines, text):
+    """Whether a worker printed ``text`` on one of ``lines`` (for ``wait_until``)."""
+    return lambda: any(text in line for line in list(lines))
+
+
+# -- what a worker is doing, seen from its store ----------------------------------------
+
+
+def postgres_worker_idle(owner):
+    """Whether the worker ``owner`` is idle on PostgreSQL: its last claim has ended and
+    its listener waits on ``LISTEN``, so only a notification or its poll wakes it.
+
+    Queries are sent with their values in the text, so the claim names its owner.
+    """
+
+    def idle():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT query FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'idle'"
+            )
+            queries = [query for (query,) in cursor.fetchall()]
+        claimed = any("SKIP LOCKED" in query and owner in query for query in queries)
+        listening = any(query.lstrip().upper().startswith("LISTEN") for query in queries)
+        return claimed and listening
+
+    return idle
+
+
+@contextlib.contextmanager
+def redis_monitor(url) -> Iterator[list[str]]:
+    """The commands the Redis server at ``url`` runs while the block runs, one line each
+    (``MONITOR``): a command's keys and arguments are on its line."""
+    parts = urllib.parse.urlsplit(url)
+    sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), timeout=5)
+    sock.sendall(b"MONITOR\r\n")
+    stream = sock.makefile("rb")
+    if not stream.readline().startswith(b"+OK"):
+        raise AssertionError(f"{url} refused MONITOR")
+    sock.settimeout(None)
+    lines: list[str] = []
+
+    def read():
+        with contextlib.suppress(OSError, ValueError):
+            for line in stream:
+                lines.append(line.decode("utf-8", "replace"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield lines
+    finally:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+        reader.join(5)

@@ -135,7 +135,12 @@ def test_the_empty_recipient_is_not_a_mailbox():
 
 @pytest.mark.parametrize(
     ("address", "expected"),
-    [("user@example.org", False), ("jörg@example.org", True), ("user@bücher.example", True), ('"a b"@example.org', False)],
+    [
+        ("user@example.org", False),
+        ("jörg@example.org", True),
+        ("user@bücher.example", True),
+        ('"a b"@example.org', False),
+    ],
 )
 def test_needs_smtputf8(address, expected):
     assert needs_smtputf8(address) is expected

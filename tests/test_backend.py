@@ -75,7 +75,9 @@ def test_send_messages_queues_each_message_and_says_how_many():
 
 @pytest.mark.django_db(transaction=True)
 def test_send_messages_keeps_bcc_out_of_the_bytes():
-    message = EmailMessage("Board minutes", "Attached.", "app@example.com", ["board@example.org"], bcc=["auditor@example.net"])
+    message = EmailMessage(
+        "Board minutes", "Attached.", "app@example.com", ["board@example.org"], bcc=["auditor@example.net"]
+    )
 
     assert QueueEmailBackend().send_messages([message]) == 1
 
@@ -242,7 +244,9 @@ def test_plain_use_raises_no_deprecation_warning():
 @pytest.mark.django_db(transaction=True)
 def test_a_message_without_recipients_is_skipped_like_djangos_smtp_backend():
     backend = QueueEmailBackend()
-    sent = backend.send_messages([EmailMessage("a", "b", "app@example.com", []), EmailMessage("c", "d", "app@example.com", ["x@example.org"])])
+    sent = backend.send_messages(
+        [EmailMessage("a", "b", "app@example.com", []), EmailMessage("c", "d", "app@example.com", ["x@example.org"])]
+    )
     assert sent == 1
     assert Item.objects.count() == 1
 

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import io
+import re
+import sqlite3
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.core import checks
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
+from django.db import connections
 from django.test import override_settings
 
 from bumail_queue.checks import check_settings, check_store
@@ -44,10 +49,18 @@ def test_the_test_settings_give_no_message_of_ours():
 @pytest.mark.parametrize(
     ("raw", "check_id", "text"),
     [
-        ({**HOST, "CONCURRENCY": 0}, "bumail_queue.E010", "BUMAIL_QUEUE['CONCURRENCY'] must be a whole number above 0; got 0."),
+        (
+            {**HOST, "CONCURRENCY": 0},
+            "bumail_queue.E010",
+            "BUMAIL_QUEUE['CONCURRENCY'] must be a whole number above 0; got 0.",
+        ),
         ({**HOST, "CONCURENCY": 4}, "bumail_queue.E002", "Did you mean 'CONCURRENCY'?"),
         ({**HOST, "STORE": "mongodb"}, "bumail_queue.E003", "BUMAIL_QUEUE['STORE'] must be one of 'orm', 'memory'"),
-        ({**HOST, "ROUTE": {"TYPE": "smarthost", "HOST": "smtp.example.com", "TLS": "ssl"}}, "bumail_queue.E007", "got 'ssl'"),
+        (
+            {**HOST, "ROUTE": {"TYPE": "smarthost", "HOST": "smtp.example.com", "TLS": "ssl"}},
+            "bumail_queue.E007",
+            "got 'ssl'",
+        ),
         ({**HOST, "MAX_AGE": 0}, "bumail_queue.E011", "BUMAIL_QUEUE['MAX_AGE'] must be a timedelta"),
     ],
     ids=["E010", "E002", "E003", "E007", "E011"],
@@ -80,12 +93,22 @@ def test_the_check_command_reports_every_problem():
         ({**HOST, "DATABASE": "replica"}, "bumail_queue.E004"),
         ({**HOST, "REDIS_KEY_PREFIX": "q:*"}, "bumail_queue.E005"),
         ({"HOSTNAME": "not a host"}, "bumail_queue.E006"),
-        ({**HOST, "ROUTE": {"TYPE": "smarthost", "HOST": "smtp.example.com", "USERNAME": "mailer"}}, "bumail_queue.E007"),
+        (
+            {**HOST, "ROUTE": {"TYPE": "smarthost", "HOST": "smtp.example.com", "USERNAME": "mailer"}},
+            "bumail_queue.E007",
+        ),
         ({**HOST, "MX_PORT": 70000}, "bumail_queue.E008"),
         ({**HOST, "DNS_NAMESERVERS": ["dns.example.com"]}, "bumail_queue.E009"),
         ({**HOST, "LEASE_SECONDS": 0}, "bumail_queue.E010"),
         ({**HOST, "DELAY_WARNING": -1}, "bumail_queue.E011"),
         ({**HOST, "MAX_MESSAGE_SIZE": 0}, "bumail_queue.E012"),
+        ({**HOST, "RETRY_MIN_DELAY": timedelta(hours=1), "RETRY_MAX_DELAY": timedelta(minutes=1)}, "bumail_queue.E015"),
+        ({**HOST, "RETRY_FACTOR": 0.5}, "bumail_queue.E015"),
+        ({**HOST, "TIMEOUTS": {"HELLO": 30}}, "bumail_queue.E016"),
+        ({**HOST, "TIMEOUTS": ["DATA", 30]}, "bumail_queue.E016"),
+        ({**HOST, "CONNECTION_REUSE_SECONDS": -1}, "bumail_queue.E017"),
+        ({**HOST, "CLAIM_BATCH_SIZE": 0}, "bumail_queue.E017"),
+        ({**HOST, "POLL_SECONDS": 0}, "bumail_queue.E017"),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )
@@ -127,7 +150,10 @@ def test_check_store_reports_a_store_path_that_is_no_store(store, text):
 
 @needs_db
 def test_the_check_command_fails_on_a_store_path_that_cannot_be_imported():
-    with override_settings(BUMAIL_QUEUE={**HOST, "STORE": "myproject.stores.Missing"}), pytest.raises(SystemCheckError) as info:
+    with (
+        override_settings(BUMAIL_QUEUE={**HOST, "STORE": "myproject.stores.Missing"}),
+        pytest.raises(SystemCheckError) as info,
+    ):
         call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
 
     assert "bumail_queue.E003" in str(info.value)
@@ -156,7 +182,14 @@ def test_check_store_leaves_an_invalid_setting_to_check_settings():
 def test_a_smarthost_sending_credentials_without_tls_is_warned_about():
     from bumail_queue.checks import check_plaintext_auth
 
-    route = {"TYPE": "smarthost", "HOST": "smtp.example.com", "PORT": 25, "TLS": "none", "USERNAME": "u", "PASSWORD": "hunter2-secret"}
+    route = {
+        "TYPE": "smarthost",
+        "HOST": "smtp.example.com",
+        "PORT": 25,
+        "TLS": "none",
+        "USERNAME": "u",
+        "PASSWORD": "hunter2-secret",
+    }
     with override_settings(BUMAIL_QUEUE={"ROUTES": {"example.org": route}}):
         warnings = check_plaintext_auth()
     assert [w.id for w in warnings] == ["bumail_queue.W001"]
@@ -178,7 +211,13 @@ def test_an_abstract_store_class_is_reported_not_crashed_on():
 def test_credentials_to_a_smarthost_whose_certificate_is_not_verified_are_warned_about():
     from bumail_queue.checks import check_unverified_auth
 
-    route = {"TYPE": "smarthost", "HOST": "smtp.example.com", "TLS_VERIFY": False, "USERNAME": "u", "PASSWORD": "hunter2-secret"}
+    route = {
+        "TYPE": "smarthost",
+        "HOST": "smtp.example.com",
+        "TLS_VERIFY": False,
+        "USERNAME": "u",
+        "PASSWORD": "hunter2-secret",
+    }
     with override_settings(BUMAIL_QUEUE={**HOST, "ROUTES": {"example.org": route}}):
         warnings = check_unverified_auth()
     assert [(type(w), w.id) for w in warnings] == [(checks.Warning, "bumail_queue.W002")]
@@ -194,8 +233,45 @@ def test_credentials_to_a_smarthost_whose_certificate_is_not_verified_are_warned
 
 @needs_db
 def test_the_check_command_shows_the_unverified_tls_warning_without_failing():
-    route = {"TYPE": "smarthost", "HOST": "smtp.example.com", "TLS": "implicit", "TLS_VERIFY": False, "USERNAME": "u", "PASSWORD": "p"}
+    route = {
+        "TYPE": "smarthost",
+        "HOST": "smtp.example.com",
+        "TLS": "implicit",
+        "TLS_VERIFY": False,
+        "USERNAME": "u",
+        "PASSWORD": "p",
+    }
     err = io.StringIO()
     with override_settings(BUMAIL_QUEUE={**HOST, "ROUTE": route}):
         call_command("check", stdout=io.StringIO(), stderr=err)
     assert "(bumail_queue.W002) BUMAIL_QUEUE['ROUTE'] sends USERNAME and PASSWORD" in err.getvalue()
+
+
+def test_the_orm_store_refuses_a_database_other_than_postgresql_or_sqlite(monkeypatch):
+    monkeypatch.setattr(connections["default"], "vendor", "mysql")
+    with override_settings(BUMAIL_QUEUE={**HOST, "STORE": "orm"}):
+        errors = check_store(None)
+    assert [(type(e), e.id) for e in errors] == [(checks.Error, "bumail_queue.E013")]
+    assert "DATABASES['default'] is mysql" in errors[0].msg
+
+
+@pytest.mark.sqlite
+def test_the_orm_store_refuses_an_sqlite_without_returning(monkeypatch):
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 34, 1))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.34.1")
+    with override_settings(BUMAIL_QUEUE={**HOST, "STORE": "orm"}):
+        errors = check_store(None)
+    assert [(type(e), e.id) for e in errors] == [(checks.Error, "bumail_queue.E014")]
+    assert "3.34.1" in errors[0].msg
+
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECK_ID = re.compile(r"bumail_queue\.[EW]\d{3}")
+
+
+def check_ids_in(folder):
+    return {found for path in (ROOT / folder).rglob("*.py") for found in CHECK_ID.findall(path.read_text())}
+
+
+def test_every_check_id_of_the_package_is_asserted_by_a_test():
+    assert check_ids_in("bumail_queue") - check_ids_in("tests") == set()

@@ -48,7 +48,14 @@ def fill():
         if item.id != deferred.id:
             store.reschedule(item.id, at=now, owner="w")
     later = Reply(code=451, status="4.3.0", text="later")
-    store.complete(deferred.id, owner="w", result=AttemptResult(outcomes={"e@other.example": Outcome(status=RecipientStatus.DEFERRED, reply=later)}, next_attempt_at=now + timedelta(minutes=30)))
+    store.complete(
+        deferred.id,
+        owner="w",
+        result=AttemptResult(
+            outcomes={"e@other.example": Outcome(status=RecipientStatus.DEFERRED, reply=later)},
+            next_attempt_at=now + timedelta(minutes=30),
+        ),
+    )
 
 
 def test_queue_status_text(store_name):
@@ -59,7 +66,19 @@ def test_queue_status_text(store_name):
     assert lines[1].startswith("Oldest: queued ")
     assert "5 recipients pending" in text
     header = next(line for line in lines if "total" in line)
-    assert header.split() == ["total", "<5m", "5-10m", "10-20m", "20-40m", "40-80m", "80-160m", "160-320m", "320-640m", "640-1280m", "1280m+"]
+    assert header.split() == [
+        "total",
+        "<5m",
+        "5-10m",
+        "10-20m",
+        "20-40m",
+        "40-80m",
+        "80-160m",
+        "160-320m",
+        "320-640m",
+        "640-1280m",
+        "1280m+",
+    ]
     assert lines[-4].split()[:4] == ["all", "domains", "5", "5"]
     assert lines[-3].split()[:3] == ["slow.example", "3", "3"]
     assert {line.split()[0] for line in lines[-2:]} == {"fast.example", "other.example"}
@@ -87,7 +106,10 @@ def test_queue_status_json(store_name):
 
 
 def test_queue_status_of_an_empty_queue(store_name):
-    assert status().splitlines() == ["0 items queued: 0 queued, 0 deferred, 0 being delivered; 0 due now.", "The queue is empty."]
+    assert status().splitlines() == [
+        "0 items queued: 0 queued, 0 deferred, 0 being delivered; 0 due now.",
+        "The queue is empty.",
+    ]
     assert json.loads(status("--json"))["domains"] == []
 
 

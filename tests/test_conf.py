@@ -199,7 +199,11 @@ PROBLEMS = [
     ({"MAX_AGE": timedelta(seconds=-1)}, "bumail_queue.E011", "['MAX_AGE']"),
     ({"MAX_AGE": True}, "bumail_queue.E011", "got True"),
     ({"MAX_AGE": "5 days"}, "bumail_queue.E011", "got '5 days'"),
-    ({"DELAY_WARNING": -60}, "bumail_queue.E011", "['DELAY_WARNING'] must be a timedelta or a number of seconds above 0"),
+    (
+        {"DELAY_WARNING": -60},
+        "bumail_queue.E011",
+        "['DELAY_WARNING'] must be a timedelta or a number of seconds above 0",
+    ),
     ({"DELAY_WARNING": None}, "bumail_queue.E011", "got None"),
     ({"MAX_ITEMS": 0}, "bumail_queue.E012", "['MAX_ITEMS'] must be a whole number above 0, or None"),
     ({"MAX_ITEMS": True}, "bumail_queue.E012", "got True"),
@@ -216,7 +220,9 @@ PROBLEMS = [
 ]
 
 
-@pytest.mark.parametrize(("raw", "check_id", "text"), PROBLEMS, ids=[f"{p[1][-4:]}-{sorted(p[0])[0]}-{i}" for i, p in enumerate(PROBLEMS)])
+@pytest.mark.parametrize(
+    ("raw", "check_id", "text"), PROBLEMS, ids=[f"{p[1][-4:]}-{sorted(p[0])[0]}-{i}" for i, p in enumerate(PROBLEMS)]
+)
 def test_each_problem_is_reported_with_its_id(raw, check_id, text):
     problems = validate(raw)
 

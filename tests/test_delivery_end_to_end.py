@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import signal
-import subprocess
-import sys
-import threading
-import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from django.core.mail import EmailMessage, send_mail
@@ -22,27 +14,34 @@ from django.utils import timezone
 from bumail_queue import queue
 from bumail_queue.items import RecipientStatus
 from bumail_queue.stores import get_store
-from tests.helpers import use_queue_backend, wait_until
+from tests.helpers import (
+    postgres_worker_idle,
+    printed,
+    read_all,
+    running_worker,
+    smarthost,
+    start_worker,
+    use_queue_backend,
+    wait_until,
+)
 from tests.servers.dns import DNSZone
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def smarthost(server, **extra):
-    return {"HOSTNAME": "mta.example.com", "ROUTE": {"TYPE": "smarthost", "HOST": "127.0.0.1", "PORT": server.port, "TLS": "none"}, **extra}
 
 
 def test_send_mail_then_deliver_due_reaches_the_smarthost_over_one_connection(smtp_server):
     # One session at a time to the smarthost, so each transaction can reuse the last one's connection.
     with override_settings(BUMAIL_QUEUE=smarthost(smtp_server, DOMAIN_CONCURRENCY=1)), use_queue_backend():
         for n in range(3):
-            EmailMessage(f"Note {n}", "Hello.", "app@example.com", [f"user{n}@example.org"], bcc=["audit@example.com"]).send()
+            EmailMessage(
+                f"Note {n}", "Hello.", "app@example.com", [f"user{n}@example.org"], bcc=["audit@example.com"]
+            ).send()
         stats = queue.deliver_due()
     assert (stats.items, stats.delivered) == (3, 6)
     assert queue.count() == 0
-    assert [m.rcpt_tos for m in smtp_server.messages] == [[f"user{n}@example.org", "audit@example.com"] for n in range(3)]
+    assert [m.rcpt_tos for m in smtp_server.messages] == [
+        [f"user{n}@example.org", "audit@example.com"] for n in range(3)
+    ]
     assert all(m.mail_from == "app@example.com" for m in smtp_server.messages)
     assert all(b"audit@example.com" not in m.data for m in smtp_server.messages)  # Bcc: envelope only
     assert b"Subject: Note 0" in smtp_server.messages[0].data
@@ -50,7 +49,9 @@ def test_send_mail_then_deliver_due_reaches_the_smarthost_over_one_connection(sm
 
 
 def test_direct_to_mx_with_per_recipient_outcomes_and_a_dsn(smtp_servers, dns_server):
-    mx = smtp_servers(rcpt_replies={"gone@example.test": "550 5.1.1 No such user", "later@example.test": "451 4.3.0 Busy"})
+    mx = smtp_servers(
+        rcpt_replies={"gone@example.test": "550 5.1.1 No such user", "later@example.test": "451 4.3.0 Busy"}
+    )
     dns_server.zone = DNSZone({
         "example.test": {"MX": [(10, "mx1.example.test")]},
         "mx1.example.test": {"A": ["127.0.0.1"]},
@@ -99,57 +100,6 @@ def test_a_crashed_workers_items_are_delivered_once_its_lease_expires(smtp_serve
     assert queue.get(item.id) is None
 
 
-def worker_env(settings):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BUMAIL_", "DJANGO_"))}
-    env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
-    env["BUMAIL_TEST_QUEUE"] = json.dumps(settings)
-    name = connection.settings_dict["NAME"]
-    if connection.vendor == "sqlite":
-        env["DATABASE_URL"] = f"sqlite:///{name}"
-    else:
-        params = connection.settings_dict
-        env["DATABASE_URL"] = f"postgres://{params['USER']}@{params['HOST'] or '127.0.0.1'}:{params['PORT'] or 5432}/{name}"
-    env["PYTHONPATH"] = str(ROOT)
-    return env
-
-
-def start_worker(settings, *args, redis_url=None):
-    env = worker_env(settings)
-    if redis_url is not None:
-        env["REDIS_URL"] = redis_url
-    return subprocess.Popen(
-        [sys.executable, "-m", "django", "queue_worker", "-v", "2", *args],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-
-
-def read_all(worker):
-    """Collect what a worker prints, as it prints it (a full pipe would stall it).
-
-    Return the list of lines, and the thread that fills it: join it once the worker
-    has exited to have every line.
-    """
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(worker.stdout), daemon=True)
-    reader.start()
-    return lines, reader
-
-
-@contextlib.contextmanager
-def running_worker(settings, *args, redis_url=None):
-    """A ``queue_worker`` process and the lines it printed; SIGTERM and a wait at the end."""
-    worker = start_worker(settings, *args, redis_url=redis_url)
-    lines, reader = read_all(worker)
-    try:
-        yield worker, lines
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=20)
-        reader.join(5)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-
-
 @pytest.mark.slow
 def test_queue_worker_delivers_and_stops_on_sigterm_with_status_0(smtp_server):
     settings = smarthost(smtp_server, POLL_SECONDS=0.2)
@@ -188,13 +138,15 @@ def test_a_second_signal_exits_at_once_with_status_1(smtp_servers):
     with override_settings(BUMAIL_QUEUE=settings):
         queue.enqueue(EmailMessage("Hi", "Body", "app@example.com", ["a@example.org"]))
     worker = start_worker(settings)
+    lines, reader = read_all(worker)
     try:
         assert wait_until(lambda: any(c.verb == "DATA" for c in server.commands)), "the session did not start"
         worker.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
+        assert wait_until(printed(lines, "stopping after the deliveries under way")), "the first signal was not seen"
         assert worker.poll() is None  # still finishing its session
         worker.send_signal(signal.SIGTERM)
-        worker.communicate(timeout=10)
+        worker.wait(timeout=10)
+        reader.join(5)
     finally:
         if worker.poll() is None:
             worker.kill()
@@ -232,7 +184,9 @@ def test_a_worker_killed_mid_delivery_has_its_item_delivered_by_another_after_it
 def test_two_workers_deliver_a_thousand_messages_each_exactly_once(smtp_server):
     settings = smarthost(smtp_server, POLL_SECONDS=0.2)
     with override_settings(BUMAIL_QUEUE=settings):
-        queue.enqueue_many([EmailMessage(f"m{n}", "Body", "app@example.com", [f"user{n}@example.org"]) for n in range(1000)])
+        queue.enqueue_many(
+            [EmailMessage(f"m{n}", "Body", "app@example.com", [f"user{n}@example.org"]) for n in range(1000)]
+        )
     workers = [start_worker(settings, "--concurrency", "4", "--burst") for _ in range(2)]
     for worker in workers:
         output, _ = worker.communicate(timeout=120)
@@ -247,9 +201,8 @@ def test_two_workers_deliver_a_thousand_messages_each_exactly_once(smtp_server):
 def test_an_idle_worker_is_woken_by_notify_not_by_its_poll(smtp_server):
     # The poll is a minute away: mail that arrives sooner came through LISTEN/NOTIFY.
     settings = smarthost(smtp_server, POLL_SECONDS=60)
-    with running_worker(settings) as (worker, lines):
-        assert wait_until(lambda: any("starting owner=" in line for line in lines)), "the worker did not start"
-        time.sleep(0.5)  # past its first claim, which found nothing: idle
+    with running_worker(settings, "--owner", "idle-worker") as (worker, lines):
+        assert wait_until(postgres_worker_idle("idle-worker")), f"the worker did not go idle:\n{''.join(lines)}"
         with override_settings(BUMAIL_QUEUE=settings):
             queue.enqueue(EmailMessage("Wake", "Body", "app@example.com", ["a@example.org"]))
         assert wait_until(lambda: len(smtp_server.messages) == 1, seconds=20)

@@ -121,7 +121,10 @@ def test_a_log_that_cannot_be_written_never_stops_delivery(store_name, monkeypat
 def test_reply_line():
     entry = DeliveryLog(reply_code=550, reply_status="5.1.1", reply_text="5.1.1 No such user")
     assert entry.reply_line == "550 5.1.1 No such user"
-    assert DeliveryLog(reply_code=None, reply_status="4.4.1", reply_text="Connection refused").reply_line == "4.4.1 Connection refused"
+    assert (
+        DeliveryLog(reply_code=None, reply_status="4.4.1", reply_text="Connection refused").reply_line
+        == "4.4.1 Connection refused"
+    )
     assert DeliveryLog(reply_code=None, reply_status="", reply_text="").reply_line == ""
 
 
@@ -130,7 +133,9 @@ def test_reply_line():
 
 def log_at(when, n=1):
     for i in range(n):
-        delivery_log.record(item_id="00000000-0000-4000-8000-000000000001", recipient=f"r{i}@example.org", status="delivered", at=when)
+        delivery_log.record(
+            item_id="00000000-0000-4000-8000-000000000001", recipient=f"r{i}@example.org", status="delivered", at=when
+        )
 
 
 def test_purge_deletes_old_entries_in_batches():
@@ -167,7 +172,10 @@ def test_queue_purge_defaults_to_the_retention_setting():
 
 
 def test_queue_purge_without_a_retention_needs_older_than():
-    with override_settings(BUMAIL_QUEUE={**SETTINGS, "DELIVERY_LOG_RETENTION": None}), pytest.raises(CommandError, match="--older-than"):
+    with (
+        override_settings(BUMAIL_QUEUE={**SETTINGS, "DELIVERY_LOG_RETENTION": None}),
+        pytest.raises(CommandError, match="--older-than"),
+    ):
         call_command("queue_purge", stdout=StringIO())
 
 
@@ -177,7 +185,17 @@ def test_queue_purge_refuses_a_duration_it_cannot_read(value):
         call_command("queue_purge", f"--older-than={value}", stdout=StringIO())
 
 
-@pytest.mark.parametrize(("value", "expected"), [("30d", timedelta(days=30)), ("12h", timedelta(hours=12)), ("1d12h", timedelta(days=1, hours=12)), ("2w", timedelta(weeks=2)), ("90m", timedelta(minutes=90)), ("45S", timedelta(seconds=45))])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("30d", timedelta(days=30)),
+        ("12h", timedelta(hours=12)),
+        ("1d12h", timedelta(days=1, hours=12)),
+        ("2w", timedelta(weeks=2)),
+        ("90m", timedelta(minutes=90)),
+        ("45S", timedelta(seconds=45)),
+    ],
+)
 def test_durations(value, expected):
     from bumail_queue.management.arguments import duration
 

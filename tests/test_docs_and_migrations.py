@@ -23,7 +23,9 @@ def test_checks_page_lists_exactly_the_check_ids_in_the_code():
     in_code = set()
     for path in (ROOT / "bumail_queue").rglob("*.py"):
         in_code |= set(re.findall(r"bumail_queue\.[EW]\d{3}", path.read_text()))
-    documented = set(re.findall(r"^### `(bumail_queue\.[EW]\d{3})`$", (ROOT / "docs" / "checks.md").read_text(), flags=re.M))
+    documented = set(
+        re.findall(r"^### `(bumail_queue\.[EW]\d{3})`$", (ROOT / "docs" / "checks.md").read_text(), flags=re.M)
+    )
     assert documented == in_code
 
 

@@ -117,11 +117,15 @@ def test_more_than_1000_recipients_are_refused_by_default():
 @override_settings(BUMAIL_QUEUE={"HOSTNAME": HOSTNAME, "MAX_RECIPIENTS": 3})
 def test_max_recipients_counts_each_address_once():
     to = ["a@example.org", "Ann <a@example.org>", "b@example.org"]
-    item = queue.enqueue(EmailMessage("Hi", "Hello", "app@example.com", to, cc=["c@example.org"], bcc=["b@example.org"]))
+    item = queue.enqueue(
+        EmailMessage("Hi", "Hello", "app@example.com", to, cc=["c@example.org"], bcc=["b@example.org"])
+    )
     assert [r.address for r in item.recipients] == ["a@example.org", "b@example.org", "c@example.org"]
     Item.objects.all().delete()
 
-    error = refused(lambda: queue.enqueue(RAW_HEAD + b"Cc: c@example.org, d@example.org, e@example.org\r\n\r\nbody\r\n"))
+    error = refused(
+        lambda: queue.enqueue(RAW_HEAD + b"Cc: c@example.org, d@example.org, e@example.org\r\n\r\nbody\r\n")
+    )
 
     assert "4 recipients; MAX_RECIPIENTS is 3" in error.message
 
@@ -268,7 +272,9 @@ def test_the_line_separator_sender_that_broke_dsns_is_refused_at_enqueue():
     assert "U+2028" in error.message
 
 
-@pytest.mark.parametrize("address", ["\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645@example.com", "\u0915\u094d\u200d\u0937@example.com"])
+@pytest.mark.parametrize(
+    "address", ["\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645@example.com", "\u0915\u094d\u200d\u0937@example.com"]
+)
 def test_the_joiners_of_persian_and_indic_spelling_are_kept(address):
     item = queue.enqueue(EmailMessage("Hi", "Hello", "app@example.com", [address]))
 
@@ -277,14 +283,29 @@ def test_the_joiners_of_persian_and_indic_spelling_are_kept(address):
 
 def _dsn_about(sender: str) -> bytes:
     now = datetime(2024, 3, 5, tzinfo=UTC)
-    item = QueueItem(id="item-1", sender=sender, recipients=[Recipient(address="bob@example.org")], size=1, created_at=now, next_attempt_at=now)
+    item = QueueItem(
+        id="item-1",
+        sender=sender,
+        recipients=[Recipient(address="bob@example.org")],
+        size=1,
+        created_at=now,
+        next_attempt_at=now,
+    )
     reply = Reply(code=550, status="5.1.1", text="User unknown")
     return build_dsn(
         kind="failed",
         reporting_mta=HOSTNAME,
         original=item,
         original_message=RAW_HEAD + b"\r\nbody\r\n",
-        recipients=[ReportedRecipient(address="bob@example.org", action="failed", reply=reply, remote_mta="mx.example.org", last_attempt_at=now)],
+        recipients=[
+            ReportedRecipient(
+                address="bob@example.org",
+                action="failed",
+                reply=reply,
+                remote_mta="mx.example.org",
+                last_attempt_at=now,
+            )
+        ],
         now=now,
     )
 
@@ -316,7 +337,10 @@ def test_every_sender_accepted_at_enqueue_can_be_written_into_a_dsn():
 
 
 def test_resent_bcc_and_return_path_are_not_kept_in_raw_bytes():
-    data = RAW_HEAD + b"Resent-Bcc: hidden@example.net\r\nReturn-Path: <forged@example.net>\r\nResent-To: bob@example.org\r\n\r\nbody\r\n"
+    data = (
+        RAW_HEAD
+        + b"Resent-Bcc: hidden@example.net\r\nReturn-Path: <forged@example.net>\r\nResent-To: bob@example.org\r\n\r\nbody\r\n"
+    )
 
     item = queue.enqueue(data, sender="bounces@example.com")
 

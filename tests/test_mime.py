@@ -147,7 +147,9 @@ def test_a_bad_or_missing_recipient_is_invalid(field, value):
 
 def test_a_bad_recipient_is_named():
     with pytest.raises(QueueError) as info:
-        prepare_message(EmailMessage("Hi", "Hello", "app@example.com", to=["ok@example.org", "first..last@example.org"]))
+        prepare_message(
+            EmailMessage("Hi", "Hello", "app@example.com", to=["ok@example.org", "first..last@example.org"])
+        )
 
     assert "'first..last@example.org'" in info.value.message
     assert info.value.recipient == "first..last@example.org"
@@ -214,7 +216,10 @@ def test_raw_bytes_keep_the_body_byte_for_byte():
 
 
 def test_raw_bytes_keep_their_header_lines_as_given():
-    data = RAW_HEAD + b"X-Folded: one\r\n\ttwo\r\nMessage-ID: <raw@example.org>\r\nDate: Mon, 01 Jan 2024 00:00:00 +0000\r\n\r\nbody\r\n"
+    data = (
+        RAW_HEAD
+        + b"X-Folded: one\r\n\ttwo\r\nMessage-ID: <raw@example.org>\r\nDate: Mon, 01 Jan 2024 00:00:00 +0000\r\n\r\nbody\r\n"
+    )
 
     assert prepare_bytes(data).data == data
 
@@ -225,7 +230,7 @@ def test_bcc_is_stripped_with_its_continuation_lines(eol):
         b"From: jane@example.org",
         b"To: bob@example.org",
         b"Bcc: hidden@example.net,",
-        b" \"Other Hidden\" <other@example.net>,",
+        b' "Other Hidden" <other@example.net>,',
         b"\tthird@example.net",
         b"Subject: with bcc",
         b"X-After: kept",
@@ -398,7 +403,7 @@ def test_the_envelope_recipients_default_to_to_cc_and_bcc():
     data = (
         b"From: jane@example.org\r\n"
         b"To: Bob <bob@example.org>, carol@example.org\r\n"
-        b"Cc: \"Dave, D.\" <dave@example.org>,\r\n bob@example.org\r\n"
+        b'Cc: "Dave, D." <dave@example.org>,\r\n bob@example.org\r\n'
         b"Bcc: eve@example.net\r\n"
         b"To: frank@example.org\r\n"
         b"Reply-To: replies@example.org\r\n\r\nbody\r\n"

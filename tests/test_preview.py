@@ -41,12 +41,26 @@ def as_bytes(message):
         '<div style="position:fixed;top:0;left:0;width:100%;height:100%">over the page</div>',
         '<meta http-equiv="refresh" content="0;url=https://evil.example">',
         '<base href="https://evil.example/">',
-        "<math><mi xlink:href=\"javascript:alert(1)\">x</mi></math>",
+        '<math><mi xlink:href="javascript:alert(1)">x</mi></math>',
     ],
 )
 def test_sanitising_removes_what_could_run_or_escape(attack):
     cleaned = sanitise_html(f"<p>before</p>{attack}<p>after</p>").lower()
-    for bad in ("<script", "onerror", "onload", "javascript:", "<iframe", "<object", "<form", "<input", "<style", "position", "<meta", "<base", "url("):
+    for bad in (
+        "<script",
+        "onerror",
+        "onload",
+        "javascript:",
+        "<iframe",
+        "<object",
+        "<form",
+        "<input",
+        "<style",
+        "position",
+        "<meta",
+        "<base",
+        "url(",
+    ):
         assert bad not in cleaned
     assert "<p>before</p>" in cleaned and "<p>after</p>" in cleaned
 
@@ -72,7 +86,9 @@ def test_preview_of_a_mail_with_html_text_and_attachments():
     message["To"] = "ann@example.org"
     message.set_content("Plain text body")
     message.add_alternative('<p>Hi <img src="cid:logo@example.com"></p>', subtype="html")
-    message.get_payload()[1].add_related(b"\x89PNG\r\n\x1a\nfake", maintype="image", subtype="png", cid="<logo@example.com>", disposition="inline")
+    message.get_payload()[1].add_related(
+        b"\x89PNG\r\n\x1a\nfake", maintype="image", subtype="png", cid="<logo@example.com>", disposition="inline"
+    )
     message.add_attachment(b"%PDF-1.4 fake", maintype="application", subtype="pdf", filename="report.pdf")
     shown = preview(message.as_bytes())
     assert shown.subject == "Café news"
@@ -89,7 +105,9 @@ def test_preview_of_a_mail_with_html_text_and_attachments():
 def test_preview_of_a_plain_message_and_of_a_broken_one():
     shown = preview(as_bytes(EmailMessage("Hi", "Just text", "a@example.com", ["b@example.org"])))
     assert (shown.text.rstrip("\n"), shown.html, shown.attachments) == ("Just text", None, [])
-    broken = preview(b"Subject: =?unknown-8bit?q?x?=\r\nContent-Type: text/plain; charset=no-such-charset\r\n\r\n\xff\xfe body")
+    broken = preview(
+        b"Subject: =?unknown-8bit?q?x?=\r\nContent-Type: text/plain; charset=no-such-charset\r\n\r\n\xff\xfe body"
+    )
     assert broken.text is not None and "body" in broken.text
 
 

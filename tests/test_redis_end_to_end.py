@@ -18,19 +18,23 @@ from django_redis import get_redis_connection
 
 from bumail_queue import queue
 from tests.conftest import REDIS_ALIAS
-from tests.helpers import wait_until
-from tests.test_delivery_end_to_end import (
+from tests.helpers import (
+    printed,
     read_all,
+    redis_monitor,
     running_worker,
     smarthost,
     start_worker,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 
 def messages(count, first=0):
-    return [EmailMessage(f"m{n}", "Body", "app@example.com", [f"user{n}@example.org"]) for n in range(first, first + count)]
+    return [
+        EmailMessage(f"m{n}", "Body", "app@example.com", [f"user{n}@example.org"]) for n in range(first, first + count)
+    ]
 
 
 def recipients(server):
@@ -85,9 +89,17 @@ def test_redis_restarted_under_a_running_worker_loses_nothing(smtp_servers, redi
     # Each delivery takes a moment, so some are under way when Redis goes.
     smtp = smtp_servers(stall_at="DATA_END", stall_seconds=0.05)
     settings = smarthost(
-        smtp, POLL_SECONDS=0.2, LEASE_SECONDS=2, STORE="redis", REDIS_CONNECTION=REDIS_ALIAS, REDIS_KEY_PREFIX=redis_prefix
+        smtp,
+        POLL_SECONDS=0.2,
+        LEASE_SECONDS=2,
+        STORE="redis",
+        REDIS_CONNECTION=REDIS_ALIAS,
+        REDIS_KEY_PREFIX=redis_prefix,
     )
-    caches = {**django_settings.CACHES, REDIS_ALIAS: {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis.url}}
+    caches = {
+        **django_settings.CACHES,
+        REDIS_ALIAS: {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis.url},
+    }
     with override_settings(BUMAIL_QUEUE=settings, CACHES=caches):
         queue.enqueue_many(messages(20))
         # What Redis acknowledged survives a crash: appendfsync always.
@@ -97,7 +109,10 @@ def test_redis_restarted_under_a_running_worker_loses_nothing(smtp_servers, redi
         with running_worker(settings, "--concurrency", "4", redis_url=redis.url) as (worker, lines):
             assert wait_until(lambda: len(smtp.messages) >= 5), "the worker did not deliver"
             redis.kill()
-            time.sleep(1)
+            # The worker finds it gone before it comes back.
+            assert wait_until(printed(lines, "STORE_UNAVAILABLE")), (
+                f"the lost connection was not reported:\n{''.join(lines)}"
+            )
             redis.start()
             queue.enqueue_many(messages(20, first=20))
             expected = {f"user{n}@example.org" for n in range(40)}
@@ -113,11 +128,15 @@ def test_an_idle_worker_is_woken_by_redis_not_by_its_poll(smtp_server, redis_set
     settings = smarthost(smtp_server, POLL_SECONDS=60, **redis_settings)
     channel = f"{redis_settings['REDIS_KEY_PREFIX']}wake"
     client = get_redis_connection(REDIS_ALIAS)
-    with running_worker(settings) as (worker, lines):
+    url = django_settings.CACHES[REDIS_ALIAS]["LOCATION"]
+    with redis_monitor(url) as commands, running_worker(settings, "--owner", "idle-worker") as (worker, lines):
         assert wait_until(lambda: dict(client.pubsub_numsub(channel)).get(channel.encode()) == 1), (
             f"the worker did not subscribe:\n{''.join(lines)}"
         )
-        time.sleep(0.2)  # past its first claim, which found nothing: idle
+        # Its claim names the owner and this test's prefix: once it has run and found
+        # nothing, only a wake-up or the poll starts the next.
+        claimed = f'"{redis_settings["REDIS_KEY_PREFIX"]}" "idle-worker"'
+        assert wait_until(lambda: any(claimed in line for line in list(commands))), "the worker did not claim"
         with override_settings(BUMAIL_QUEUE=settings):
             queue.enqueue(EmailMessage("Wake", "Body", "app@example.com", ["a@example.org"]))
             started = time.monotonic()

@@ -93,15 +93,30 @@ def test_list_count_retry_now_and_cancel():
 BAD_INPUT = {
     "a recipient without @": (lambda: EmailMessage("s", "b", "a@example.com", ["nobody"]), "INVALID"),
     "a recipient with a NUL": (lambda: EmailMessage("s", "b", "a@example.com", ["x\x00y@example.org"]), "INVALID"),
-    "a recipient with a lone surrogate": (lambda: EmailMessage("s", "b", "a@example.com", ["x\ud800@example.org"]), "INVALID"),
+    "a recipient with a lone surrogate": (
+        lambda: EmailMessage("s", "b", "a@example.com", ["x\ud800@example.org"]),
+        "INVALID",
+    ),
     "a bad sender": (lambda: EmailMessage("s", "b", "not an address", ["x@example.org"]), "INVALID"),
     "no recipient at all": (lambda: EmailMessage("s", "b", "a@example.com", []), "INVALID"),
-    "a subject with CR/LF": (lambda: EmailMessage("s\r\nBcc: victim@example.org", "b", "a@example.com", ["x@example.org"]), "INVALID"),
-    "an extra header with LF": (lambda: EmailMessage("s", "b", "a@example.com", ["x@example.org"], headers={"X-Note": "a\nb"}), "INVALID"),
-    "a body with a lone surrogate": (lambda: EmailMessage("s", "b\ud800", "a@example.com", ["x@example.org"]), "INVALID"),
+    "a subject with CR/LF": (
+        lambda: EmailMessage("s\r\nBcc: victim@example.org", "b", "a@example.com", ["x@example.org"]),
+        "INVALID",
+    ),
+    "an extra header with LF": (
+        lambda: EmailMessage("s", "b", "a@example.com", ["x@example.org"], headers={"X-Note": "a\nb"}),
+        "INVALID",
+    ),
+    "a body with a lone surrogate": (
+        lambda: EmailMessage("s", "b\ud800", "a@example.com", ["x@example.org"]),
+        "INVALID",
+    ),
     "raw bytes with a NUL in a header": (lambda: b"Subject: a\x00b\r\nTo: x@example.org\r\n\r\nbody", "INVALID"),
     "raw bytes with a bare CR in a header": (lambda: b"Subject: a\rb\r\nTo: x@example.org\r\n\r\nbody", "INVALID"),
-    "a message over MAX_MESSAGE_SIZE": (lambda: EmailMessage("s", "x" * 2000, "a@example.com", ["x@example.org"]), "TOO_LARGE"),
+    "a message over MAX_MESSAGE_SIZE": (
+        lambda: EmailMessage("s", "x" * 2000, "a@example.com", ["x@example.org"]),
+        "TOO_LARGE",
+    ),
 }
 
 

@@ -30,13 +30,9 @@ PURGE = ("queue_purge", "--older-than", "30d")
 
 
 def run(args, *, database_url, queue=None, redis_url=None):
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("BUMAIL_", "DJANGO_"))
-    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BUMAIL_", "DJANGO_"))}
     env.update(PYTHONPATH=str(ROOT), DATABASE_URL=database_url)
-    env["BUMAIL_TEST_QUEUE"] = json.dumps(
-        {"HOSTNAME": "mta.example.com", **(queue or {})}
-    )
+    env["BUMAIL_TEST_QUEUE"] = json.dumps({"HOSTNAME": "mta.example.com", **(queue or {})})
     if redis_url is not None:
         env["REDIS_URL"] = redis_url
     return subprocess.run(
@@ -49,9 +45,7 @@ def assert_one_line_error(done, *words):
     """The process failed, said why on its last line, and printed no traceback."""
     assert done.returncode != 0, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
-    errors = [
-        line for line in done.stderr.splitlines() if line.startswith("CommandError: ")
-    ]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("CommandError: ")]
     assert errors == [done.stderr.strip().splitlines()[-1]], done.stderr
     for word in words:
         assert word in errors[0], errors[0]
@@ -70,9 +64,7 @@ def test_an_unmigrated_database_is_one_line_and_a_failure(tmp_path, args):
 
 @pytest.mark.parametrize("args", [WORKER, STATUS, PURGE], ids=" ".join)
 def test_a_postgresql_nobody_listens_for_is_one_line_and_a_failure(args):
-    done = run(
-        args, database_url=f"postgres://postgres@127.0.0.1:{closed_port()}/postgres"
-    )
+    done = run(args, database_url=f"postgres://postgres@127.0.0.1:{closed_port()}/postgres")
     assert_one_line_error(done, "could not be used", "Connection refused")
 
 
@@ -143,9 +135,7 @@ def test_a_burst_whose_claims_the_store_refuses_fails(tmp_path, redis_servers):
         redis_url=server.url,
     )
     assert_one_line_error(done, "failed 1 time during this run", "due mail may be left")
-    assert (
-        "STORE_UNAVAILABLE: Could not claim items" in done.stdout
-    )  # the log says which call failed
+    assert "STORE_UNAVAILABLE: Could not claim items" in done.stdout  # the log says which call failed
 
 
 @pytest.mark.parametrize(

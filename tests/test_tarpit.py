@@ -128,7 +128,9 @@ def tarpit_settings(tarpit: Tarpit, sink) -> dict:
 
 def enqueue_to_tarpits(tarpit: Tarpit) -> None:
     for n in range(tarpit.destinations):
-        queue.enqueue(b"Subject: to a tarpit\r\n\r\nHello.\r\n", sender="app@example.com", recipients=[f"user@tarpit{n}.test"])
+        queue.enqueue(
+            b"Subject: to a tarpit\r\n\r\nHello.\r\n", sender="app@example.com", recipients=[f"user@tarpit{n}.test"]
+        )
 
 
 @contextlib.contextmanager
@@ -175,7 +177,9 @@ def test_mail_to_a_healthy_server_passes_thirty_tarpits_queued_ahead_of_it(tarpi
     delivered = sorted(rcpt for m in smtp_server.messages for rcpt in m.rcpt_tos)
     assert delivered == sorted(f"user{n}@example.org" for n in range(100))  # each once
     left = get_store().list(limit=1000)
-    assert sorted(r.address for item in left for r in item.recipients) == sorted(f"user@tarpit{n}.test" for n in range(30))
+    assert sorted(r.address for item in left for r in item.recipients) == sorted(
+        f"user@tarpit{n}.test" for n in range(30)
+    )
     for item in left:  # deferred, to be tried again; no lease held
         assert (item.recipients[0].status, item.attempts, item.lease_owner) == (RecipientStatus.DEFERRED, 1, None)
 
@@ -214,7 +218,11 @@ def test_a_burst_run_delivers_past_the_tarpits_and_ends_once_their_sessions_do(t
     with override_settings(BUMAIL_QUEUE={**tarpit_settings(pits, smtp_server), "CONCURRENCY": 2}):
         enqueue_to_tarpits(pits)
         for n in range(10):
-            queue.enqueue(b"Subject: to a healthy server\r\n\r\nHello.\r\n", sender="app@example.com", recipients=[f"user{n}@example.org"])
+            queue.enqueue(
+                b"Subject: to a healthy server\r\n\r\nHello.\r\n",
+                sender="app@example.com",
+                recipients=[f"user{n}@example.org"],
+            )
 
         def burst() -> None:
             try:

@@ -18,7 +18,7 @@ from django.db import connections
 from django.test import override_settings
 
 from bumail_queue import delivery_log, signals
-from bumail_queue import worker as worker_module
+from bumail_queue import outcomes as outcomes_module
 from bumail_queue.delivery.dns import Destinations
 from bumail_queue.delivery.envelope import Host
 from bumail_queue.errors import QueueError
@@ -52,9 +52,11 @@ def told():
     events = []
     receivers = {}
     for name in ("delivered", "deferred", "failed", "dsn", "error"):
+
         def receiver(sender, name=name, **kwargs):
             kwargs.pop("signal", None)
             events.append((name, kwargs))
+
         receivers[name] = receiver
         getattr(signals, name).connect(receiver, weak=False)
     yield events
@@ -177,7 +179,9 @@ def test_a_message_the_store_lost_fails_its_recipients_as_5_3_0(told):
 
 def test_an_item_cancelled_during_delivery_is_told_without_dsn_or_error(told):
     item = enqueue(["gone@example.org"])
-    transport = ScriptedTransport({"gone@example.org": UNKNOWN}, on_deliver=lambda envelope: get_store().cancel(envelope.item_id))
+    transport = ScriptedTransport(
+        {"gone@example.org": UNKNOWN}, on_deliver=lambda envelope: get_store().cancel(envelope.item_id)
+    )
     run(transport)
     assert [name for name, _ in told] == ["failed"]
     assert get_store().get(item.id) is None
@@ -190,7 +194,7 @@ def test_a_worker_whose_lease_was_taken_records_nothing(told):
     [claimed] = store.claim(owner="stale", now=T0, lease_until=T0 + timedelta(minutes=10), limit=1)
     store.claim(owner="thief", now=T0 + timedelta(minutes=10), lease_until=T0 + timedelta(minutes=20), limit=1)
     worker._lease_until[claimed.id] = T0 + timedelta(minutes=10)
-    worker.record(worker.attempt(claimed))
+    worker.complete(worker.attempt(claimed))
     assert [name for name, _ in told] == ["error"]
     assert told[0][1]["error"].code == "LEASE_LOST"
     assert store.get(item.id).recipients[0].status == RecipientStatus.PENDING
@@ -208,6 +212,7 @@ def test_stop_gives_back_what_was_claimed_but_not_started():
 
     # Six claimed at once; all go to one smarthost, which takes one session at a time.
     worker = Worker(transport=ScriptedTransport(on_deliver=slow), clock=lambda: T0, concurrency=6, domain_concurrency=1)
+
     def run_in_thread():
         try:
             worker.run()
@@ -268,7 +273,7 @@ def test_a_store_error_during_record_is_told_and_the_lease_brings_the_item_back(
 
     monkeypatch.setattr(store, "complete", broken)
     monkeypatch.setattr(store, "complete_many", broken)
-    monkeypatch.setattr("bumail_queue.worker.RECORD_RETRY_DELAYS", (0.01, 0.01))
+    monkeypatch.setattr("bumail_queue.outcomes.RECORD_RETRY_DELAYS", (0.01, 0.01))
     run(ScriptedTransport())
     assert [name for name, _ in told] == ["error"]
     assert told[0][1]["error"].code == "STORE_UNAVAILABLE"
@@ -286,7 +291,7 @@ def test_a_batch_of_attempts_is_recorded_in_one_step_with_its_log_in_one_write(t
     writes = []
     real_write = delivery_log.write
     monkeypatch.setattr(delivery_log, "write", lambda entries: (writes.append(len(entries)), real_write(entries)))
-    recorded = worker.record_many(attempts)
+    recorded = worker.complete_many(attempts)
     assert [r is None for r in recorded] == [False, False, False]
     assert [name for name, _ in told] == ["delivered", "delivered", "deferred"]
     assert [store.get(i.id) is None for i in items] == [True, True, False]
@@ -313,7 +318,7 @@ def test_a_record_the_store_refuses_as_unavailable_is_tried_again(told, monkeypa
         return real(*args, **kwargs)
 
     monkeypatch.setattr(store, "complete_many", down_twice)
-    monkeypatch.setattr("bumail_queue.worker.RECORD_RETRY_DELAYS", (0.01, 0.01, 0.01))
+    monkeypatch.setattr("bumail_queue.outcomes.RECORD_RETRY_DELAYS", (0.01, 0.01, 0.01))
     stats = run(ScriptedTransport())
     assert len(calls) == 3
     assert stats.delivered == 1
@@ -372,7 +377,9 @@ def test_attempts_that_end_while_sessions_are_under_way_are_recorded_together(to
     store = get_store()
     real = store.complete_many
     batches = []
-    monkeypatch.setattr(store, "complete_many", lambda owner, results: (batches.append(len(results)), real(owner, results))[1])
+    monkeypatch.setattr(
+        store, "complete_many", lambda results, *, owner: (batches.append(len(results)), real(results, owner=owner))[1]
+    )
     # Long enough that only the end of the sessions, not the clock, ends the wait.
     monkeypatch.setattr("bumail_queue.worker.RECORD_LINGER_SECONDS", 30)
     # Each session takes a little while, as over a network, and lets the recorder run.
@@ -399,15 +406,15 @@ def test_a_dsn_that_cannot_be_built_costs_only_its_own_item(told, monkeypatch):
     worker = Worker(transport=ScriptedTransport(gone, default=OK), clock=lambda: T0, owner="w1")
     items, attempts = _five_attempts_with_one_failure_each(worker)
     broken = items[1].id
-    real_build = worker_module.build_dsn
+    real_build = outcomes_module.build_dsn
 
     def build_dsn(**kwargs):
         if kwargs["original"].id == broken:
             raise ValueError("a header the DSN cannot carry")
         return real_build(**kwargs)
 
-    monkeypatch.setattr(worker_module, "build_dsn", build_dsn)
-    recorded = worker.record_many(attempts)
+    monkeypatch.setattr(outcomes_module, "build_dsn", build_dsn)
+    recorded = worker.complete_many(attempts)
 
     assert [r is not None for r in recorded] == [True] * 5
     assert sorted(kw["of"] for name, kw in told if name == "dsn") == sorted(i.id for i in items if i.id != broken)
@@ -428,7 +435,7 @@ def test_a_log_entry_the_database_refuses_costs_only_itself(told, monkeypatch, c
         real_write(entries)
 
     monkeypatch.setattr(delivery_log, "write", write)
-    worker.record_many(attempts)
+    worker.complete_many(attempts)
 
     logged = set(DeliveryLog.objects.values_list("recipient", flat=True))
     assert len(logged) == 9 and "ok3@example.org" not in logged
@@ -439,15 +446,15 @@ def test_a_log_entry_the_database_refuses_costs_only_itself(told, monkeypatch, c
 def test_an_exception_while_telling_one_item_leaves_the_others_told(told, monkeypatch):
     worker = Worker(transport=ScriptedTransport(default=OK), clock=lambda: T0, owner="w1")
     items, attempts = _five_attempts_with_one_failure_each(worker)
-    real_tell = worker._tell_outcomes
+    real_tell = worker.recorder._tell_outcomes
 
     def tell(attempt, recorded):
         if attempt.item.id == items[0].id:
             raise RuntimeError("a bug while telling")
         real_tell(attempt, recorded)
 
-    monkeypatch.setattr(worker, "_tell_outcomes", tell)
-    recorded = worker.record_many(attempts)
+    monkeypatch.setattr(worker.recorder, "_tell_outcomes", tell)
+    recorded = worker.complete_many(attempts)
 
     assert all(r is not None for r in recorded)
     assert {kw["item_id"] for name, kw in told if name == "delivered"} == {i.id for i in items[1:]}
@@ -464,4 +471,7 @@ def test_the_log_says_whether_the_session_ran_over_tls():
     enqueue(["tls@example.org"])
     enqueue(["plain@example.org"])
     run(TLSTransport(default=OK))
-    assert dict(DeliveryLog.objects.values_list("recipient", "tls")) == {"tls@example.org": True, "plain@example.org": False}
+    assert dict(DeliveryLog.objects.values_list("recipient", "tls")) == {
+        "tls@example.org": True,
+        "plain@example.org": False,
+    }

@@ -54,9 +54,8 @@ from dns.rdtypes.IN.A import A
 from dns.rdtypes.IN.AAAA import AAAA
 
 from bumail_queue.errors import QueueConfigurationError
-from bumail_queue.items import Outcome, RecipientStatus, Reply
 
-from .envelope import Host
+from .envelope import Destinations, Host
 
 __all__ = ["MX_HOSTS_PER_ADDRESS", "Destinations", "MXResolver", "destination_refusal"]
 
@@ -77,29 +76,6 @@ _NAMED_IN_REPLY = 5
 # is permanent: only the operator (ALLOWED_PRIVATE_NETWORKS) or the domain's owner
 # can change it, and retrying would ask the same question again for days.
 _REFUSED_STATUS = "5.4.4"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Destinations:
-    """The hosts to try for one domain, in order, or why its recipients get no session.
-
-    Exactly one of the two is meaningful: ``hosts`` is empty when ``failure`` is set.
-    ``failure`` is the outcome every recipient of the domain gets (``failed`` or
-    ``deferred``, with ``Reply.code`` ``None``: no server answered).
-    """
-
-    hosts: tuple[Host, ...]
-    failure: Outcome | None
-
-    @classmethod
-    def failed(cls, status: str, text: str) -> Destinations:
-        """Return destinations whose recipients fail for good with ``status``."""
-        return cls(hosts=(), failure=Outcome(status=RecipientStatus.FAILED, reply=Reply(code=None, status=status, text=text)))
-
-    @classmethod
-    def deferred(cls, text: str) -> Destinations:
-        """Return destinations whose recipients are tried again later (``4.4.3``)."""
-        return cls(hosts=(), failure=Outcome(status=RecipientStatus.DEFERRED, reply=Reply(code=None, status="4.4.3", text=text)))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -216,7 +192,8 @@ class MXResolver:
                 address = ipaddress.IPv4Address(inner)
         except ValueError:
             return Destinations.failed(
-                "5.1.2", f"The address literal {domain} is neither an IPv4 nor an IPv6 address: mail cannot be sent there."
+                "5.1.2",
+                f"The address literal {domain} is neither an IPv4 nor an IPv6 address: mail cannot be sent there.",
             )
         found = _Found(domain=domain, port=self._port, limit=1, allowed=self._allowed)
         found.offer(str(address), str(address))
@@ -273,7 +250,9 @@ class MXResolver:
         temporary = next((m for m in misses if m.temporary is not None), None)
         return temporary or next(iter(misses), None)
 
-    def _lookup(self, name: dns.name.Name, rdtype: dns.rdatatype.RdataType, deadline: float) -> dns.resolver.Answer | _Miss:
+    def _lookup(
+        self, name: dns.name.Name, rdtype: dns.rdatatype.RdataType, deadline: float
+    ) -> dns.resolver.Answer | _Miss:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return _Miss(temporary=f"the lookups took longer than {self._timeout:g} seconds")

@@ -135,8 +135,13 @@ def build_dsn(
 
     text = email.message.MIMEPart(policy=policy)
     body = _human_text(
-        kind=kind, mta=mta, original=original, lost=original_message is None,
-        returned=headers is not None, recipients=recipients, will_retry_until=will_retry_until,
+        kind=kind,
+        mta=mta,
+        original=original,
+        lost=original_message is None,
+        returned=headers is not None,
+        recipients=recipients,
+        will_retry_until=will_retry_until,
     )
     text.set_content(body, charset="utf-8", cte=_text_cte(body))
     parts: list[_Part] = [
@@ -178,9 +183,7 @@ def _human_text(
             "You will be told if it still cannot be delivered then."
         )
     if lost:
-        paragraphs.append(
-            "The mail system could not read your message any more, so it is not attached to this report."
-        )
+        paragraphs.append("The mail system could not read your message any more, so it is not attached to this report.")
     lines = [textwrap.fill(p, width=_TEXT_WIDTH, break_long_words=False, break_on_hyphens=False) for p in paragraphs]
     lines.append(f"Queue ID: {_printable(original.id)}")
     for recipient in recipients:
@@ -203,8 +206,14 @@ def _human_recipient(recipient: ReportedRecipient) -> str:
         why = f"{who} replied: {_smtp_reply(reply, keep_unicode=True)}"
     attempt = f"Last attempt: {email.utils.format_datetime(recipient.last_attempt_at)}"
     indent = " " * 4
-    wrapped = textwrap.fill(why, width=_TEXT_WIDTH, initial_indent=indent, subsequent_indent=indent * 2,
-                            break_long_words=False, break_on_hyphens=False)
+    wrapped = textwrap.fill(
+        why,
+        width=_TEXT_WIDTH,
+        initial_indent=indent,
+        subsequent_indent=indent * 2,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
     return f"<{_printable(recipient.address)}>: {state}\n{wrapped}\n{indent}{attempt}"
 
 
@@ -362,7 +371,7 @@ def _fold(name: str, value: str) -> str:
     for word in words:
         gap = len(word) - len(word.lstrip(" "))
         text = word[gap:]
-        chunks = [text[i:i + _LONGEST_WORD] for i in range(0, len(text), _LONGEST_WORD)]
+        chunks = [text[i : i + _LONGEST_WORD] for i in range(0, len(text), _LONGEST_WORD)]
         pieces.append(word[:gap] + chunks[0])
         pieces.extend(f" {chunk}" for chunk in chunks[1:])
     lines: list[str] = []
@@ -376,7 +385,7 @@ def _fold(name: str, value: str) -> str:
             lines.append(current)
             current = piece
     lines.append(current)
-    lines[0] = lines[0][len(name) + 2:]
+    lines[0] = lines[0][len(name) + 2 :]
     return "\r\n".join(lines)
 
 

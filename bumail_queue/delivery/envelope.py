@@ -1,11 +1,18 @@
-"""What the delivery layer passes between its parts: envelopes, hosts, results."""
+"""What the delivery layer passes between its parts, and what the worker asks of it.
+
+The values: an ``Envelope`` to send, the ``Host``s to send it to (``Destinations``,
+found by a ``Resolver``), and the ``Delivery`` a ``Transport`` returns.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
-from bumail_queue.items import Outcome
+from bumail_queue.conf import Route
+from bumail_queue.errors import QueueConfigurationError
+from bumail_queue.items import Outcome, RecipientStatus, Reply
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -32,7 +39,11 @@ class Host:
 
     def __str__(self) -> str:
         where = self.address or self.name
-        return f"{self.name}[{where}]:{self.port}" if self.address and self.address != self.name else f"{where}:{self.port}"
+        return (
+            f"{self.name}[{where}]:{self.port}"
+            if self.address and self.address != self.name
+            else f"{where}:{self.port}"
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -42,8 +53,55 @@ class Delivery:
     ``remote_host`` names the server that gave the deciding replies (``None`` when no
     server answered: DNS, every host unreachable). ``tls`` says whether that server's
     session ran over TLS (STARTTLS or implicit), for the delivery log.
+    ``option_error`` is set when the route's options were refused and its recipients
+    deferred ``4.3.5``: the configuration is to fix, and the caller reports it.
     """
 
     outcomes: Mapping[str, Outcome]
     remote_host: str | None = None
     tls: bool = False
+    option_error: QueueConfigurationError | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Destinations:
+    """The hosts to try for one domain, in order, or why its recipients get no session.
+
+    Exactly one of the two is meaningful: ``hosts`` is empty when ``failure`` is set.
+    ``failure`` is the outcome every recipient of the domain gets (``failed`` or
+    ``deferred``, with ``Reply.code`` ``None``: no server answered).
+    """
+
+    hosts: tuple[Host, ...]
+    failure: Outcome | None
+
+    @classmethod
+    def failed(cls, status: str, text: str) -> Destinations:
+        """Return destinations whose recipients fail for good with ``status``."""
+        return cls(
+            hosts=(), failure=Outcome(status=RecipientStatus.FAILED, reply=Reply(code=None, status=status, text=text))
+        )
+
+    @classmethod
+    def deferred(cls, text: str) -> Destinations:
+        """Return destinations whose recipients are tried again later (``4.4.3``)."""
+        return cls(
+            hosts=(),
+            failure=Outcome(status=RecipientStatus.DEFERRED, reply=Reply(code=None, status="4.4.3", text=text)),
+        )
+
+
+class Resolver(Protocol):
+    """Finds the hosts that receive a domain's mail (``delivery.dns.MXResolver``)."""
+
+    def destinations(self, domain: str) -> Destinations: ...
+
+
+class Transport(Protocol):
+    """Delivers one envelope to the first host of ``hosts`` that takes it."""
+
+    def deliver(self, envelope: Envelope, *, route: Route, hosts: Sequence[Host]) -> Delivery: ...
+
+    def close_idle(self) -> None: ...
+
+    def close(self) -> None: ...

@@ -7,55 +7,72 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Item',
+            name="Item",
             fields=[
-                ('seq', models.BigAutoField(primary_key=True, serialize=False)),
-                ('id', models.UUIDField(editable=False, unique=True, verbose_name='id')),
-                ('key', models.CharField(blank=True, editable=False, max_length=255, null=True, verbose_name='idempotency key')),
-                ('sender', models.TextField(blank=True, verbose_name='sender')),
-                ('recipients', models.JSONField(default=list, verbose_name='recipients')),
-                ('size', models.PositiveBigIntegerField(verbose_name='size')),
-                ('created_at', models.DateTimeField(verbose_name='created at')),
-                ('next_attempt_at', models.DateTimeField(verbose_name='next attempt at')),
-                ('attempts', models.PositiveIntegerField(default=0, verbose_name='attempts')),
-                ('delay_notified', models.BooleanField(default=False, verbose_name='delay notified')),
-                ('lease_owner', models.CharField(blank=True, max_length=255, null=True, verbose_name='lease owner')),
-                ('lease_expires_at', models.DateTimeField(blank=True, null=True, verbose_name='lease expires at')),
-                ('rev', models.PositiveIntegerField(default=0, editable=False)),
+                ("seq", models.BigAutoField(primary_key=True, serialize=False)),
+                ("id", models.UUIDField(editable=False, unique=True, verbose_name="id")),
+                (
+                    "key",
+                    models.CharField(
+                        blank=True, editable=False, max_length=255, null=True, verbose_name="idempotency key"
+                    ),
+                ),
+                ("sender", models.TextField(blank=True, verbose_name="sender")),
+                ("recipients", models.JSONField(default=list, verbose_name="recipients")),
+                ("size", models.PositiveBigIntegerField(verbose_name="size")),
+                ("created_at", models.DateTimeField(verbose_name="created at")),
+                ("next_attempt_at", models.DateTimeField(verbose_name="next attempt at")),
+                ("attempts", models.PositiveIntegerField(default=0, verbose_name="attempts")),
+                ("delay_notified", models.BooleanField(default=False, verbose_name="delay notified")),
+                ("lease_owner", models.CharField(blank=True, max_length=255, null=True, verbose_name="lease owner")),
+                ("lease_expires_at", models.DateTimeField(blank=True, null=True, verbose_name="lease expires at")),
+                ("rev", models.PositiveIntegerField(default=0, editable=False)),
             ],
             options={
-                'verbose_name': 'queued item',
-                'verbose_name_plural': 'queued items',
-                'db_table': 'bumail_queue_items',
-                'ordering': ('next_attempt_at', 'seq'),
+                "verbose_name": "queued item",
+                "verbose_name_plural": "queued items",
+                "db_table": "bumail_queue_items",
+                "ordering": ("next_attempt_at", "seq"),
             },
         ),
         migrations.CreateModel(
-            name='Message',
+            name="Message",
             fields=[
-                ('item', models.OneToOneField(db_column='item_id', db_constraint=False, on_delete=django.db.models.deletion.CASCADE, primary_key=True, related_name='message', serialize=False, to='bumail_queue.item', to_field='id')),
-                ('data', models.BinaryField(verbose_name='data')),
+                (
+                    "item",
+                    models.OneToOneField(
+                        db_column="item_id",
+                        db_constraint=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        primary_key=True,
+                        related_name="message",
+                        serialize=False,
+                        to="bumail_queue.item",
+                        to_field="id",
+                    ),
+                ),
+                ("data", models.BinaryField(verbose_name="data")),
             ],
             options={
-                'verbose_name': 'queued message',
-                'verbose_name_plural': 'queued messages',
-                'db_table': 'bumail_queue_messages',
+                "verbose_name": "queued message",
+                "verbose_name_plural": "queued messages",
+                "db_table": "bumail_queue_messages",
             },
         ),
         migrations.AddIndex(
-            model_name='item',
-            index=models.Index(fields=['next_attempt_at', 'seq'], name='bumail_queue_items_due'),
+            model_name="item",
+            index=models.Index(fields=["next_attempt_at", "seq"], name="bumail_queue_items_due"),
         ),
         migrations.AddConstraint(
-            model_name='item',
-            constraint=models.UniqueConstraint(condition=models.Q(('key__isnull', False)), fields=('key',), name='bumail_queue_items_key'),
+            model_name="item",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("key__isnull", False)), fields=("key",), name="bumail_queue_items_key"
+            ),
         ),
     ]

@@ -39,28 +39,20 @@ class Migration(migrations.Migration):
                 ),
                 (
                     "reply_code",
-                    models.PositiveSmallIntegerField(
-                        blank=True, null=True, verbose_name="reply code"
-                    ),
+                    models.PositiveSmallIntegerField(blank=True, null=True, verbose_name="reply code"),
                 ),
                 (
                     "reply_status",
-                    models.CharField(
-                        blank=True, max_length=16, verbose_name="enhanced status"
-                    ),
+                    models.CharField(blank=True, max_length=16, verbose_name="enhanced status"),
                 ),
                 ("reply_text", models.TextField(blank=True, verbose_name="reply")),
                 (
                     "remote_host",
-                    models.CharField(
-                        blank=True, max_length=255, verbose_name="remote host"
-                    ),
+                    models.CharField(blank=True, max_length=255, verbose_name="remote host"),
                 ),
                 (
                     "next_attempt_at",
-                    models.DateTimeField(
-                        blank=True, null=True, verbose_name="next attempt at"
-                    ),
+                    models.DateTimeField(blank=True, null=True, verbose_name="next attempt at"),
                 ),
             ],
             options={
@@ -69,12 +61,8 @@ class Migration(migrations.Migration):
                 "db_table": "bumail_queue_delivery_log",
                 "ordering": ("-logged_at", "-id"),
                 "indexes": [
-                    models.Index(
-                        fields=["logged_at"], name="bumail_queue_log_logged_at"
-                    ),
-                    models.Index(
-                        fields=["item_id", "logged_at"], name="bumail_queue_log_item"
-                    ),
+                    models.Index(fields=["logged_at"], name="bumail_queue_log_logged_at"),
+                    models.Index(fields=["item_id", "logged_at"], name="bumail_queue_log_item"),
                     models.Index(
                         fields=["recipient", "logged_at"],
                         name="bumail_queue_log_recipient",

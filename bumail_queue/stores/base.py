@@ -1,6 +1,6 @@
 """The store contract: what every queue store promises, whatever keeps the items.
 
-Every store runs the same contract suite (``tests/stores/contract.py``). Its promises:
+Every store runs the same contract suite (``bumail_queue.testing.StoreContract``). Its promises:
 
 - ``claim`` is atomic: two claimers, in any process, never get the same item; an item
   whose lease expired is claimable again. A claimed item's ``next_attempt_at`` becomes
@@ -31,8 +31,14 @@ from django.core.checks import CheckMessage
 from bumail_queue.conf import QueueSettings
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, QueueItem
-from bumail_queue.queries import AGE_BUCKETS, ItemQuery, QueueSummary, summarize
+from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueSummary, summarize
 from bumail_queue.text import is_keepable, require_keepable
+
+#: How many bytes of each message ``read_message_heads`` returns unless told.
+MESSAGE_HEAD_BYTES = 8192
+#: How often ``complete`` reads an item again when another write changed it between
+#: its read and its write, before it gives up with ``LEASE_LOST``.
+COMPLETE_TRIES = 8
 
 
 class WorkListener(abc.ABC):
@@ -55,6 +61,10 @@ class QueueStore(abc.ABC):
 
     durable: ClassVar[bool] = True
     """Whether what is added survives the process (the memory store's does not)."""
+
+    counts_are_estimates: ClassVar[bool] = False
+    """Whether ``estimated_count`` may answer with an estimate (``exact=False``) rather
+    than a count: the ORM store on a large PostgreSQL table does; Redis counts exactly."""
 
     def __init__(self, settings: QueueSettings) -> None:
         self.settings = settings
@@ -120,7 +130,7 @@ class QueueStore(abc.ABC):
         """
 
     def complete_many(
-        self, owner: str, results: Sequence[tuple[str, AttemptResult]]
+        self, results: Sequence[tuple[str, AttemptResult]], *, owner: str
     ) -> builtins.list[QueueItem | QueueError | None]:
         """Record several attempts of one owner, as ``complete`` does each.
 
@@ -171,7 +181,7 @@ class QueueStore(abc.ABC):
                     break
         return matched[offset:]
 
-    def read_message_heads(self, item_ids: Sequence[str], *, size: int = 8192) -> dict[str, bytes]:
+    def read_message_heads(self, item_ids: Sequence[str], *, size: int = MESSAGE_HEAD_BYTES) -> dict[str, bytes]:
         """Return the first ``size`` bytes of each item's message, by item id.
 
         An id without a message (unknown, gone, lost) is left out. For the admin's
@@ -183,12 +193,14 @@ class QueueStore(abc.ABC):
         """Return the counts by state, the oldest item and the queue's shape at ``now``."""
         return summarize(self._scan(), now=now, age_buckets=age_buckets)
 
-    def estimated_count(self) -> int:
-        """Return about how many items the queue holds, cheaply where the store can.
+    def estimated_count(self) -> ItemCount:
+        """Return how many items the queue holds, an estimate where counting is costly.
 
-        The admin shows it above its list. The default is the exact ``count()``.
+        The admin shows it above its list, with "about" only when ``exact`` is false.
+        The default is ``count()``, exact; a store that estimates says so with
+        ``counts_are_estimates``.
         """
-        return self.count()
+        return ItemCount(self.count(), exact=True)
 
     def _scan(self, chunk: int = 1000) -> Iterator[QueueItem]:
         offset = 0

@@ -9,11 +9,12 @@ import threading
 from collections.abc import Sequence
 from datetime import datetime
 
+from bumail_queue.conf import QueueSettings
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, QueueItem
 from bumail_queue.queries import SEARCH_HEAD_BYTES, ItemQuery, headers_contain
 
-from .base import QueueStore
+from .base import MESSAGE_HEAD_BYTES, QueueStore
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -28,8 +29,8 @@ class MemoryStore(QueueStore):
 
     durable = False
 
-    def __init__(self, settings: object = None) -> None:
-        super().__init__(settings)  # type: ignore[arg-type]
+    def __init__(self, settings: QueueSettings) -> None:
+        super().__init__(settings)
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
         self._id_by_key: dict[str, str] = {}
@@ -50,7 +51,10 @@ class MemoryStore(QueueStore):
             fresh_keys = {new.key for new in items if new.key is not None and new.key not in self._id_by_key}
             fresh = sum(1 for new in items if new.key is None) + len(fresh_keys)
             if max_items is not None and len(self._entries) + fresh > max_items:
-                raise QueueError(ErrorCode.FULL, f"The queue is full: it holds {len(self._entries)} items and MAX_ITEMS is {max_items}.")
+                raise QueueError(
+                    ErrorCode.FULL,
+                    f"The queue is full: it holds {len(self._entries)} items and MAX_ITEMS is {max_items}.",
+                )
             added = []
             for new in items:
                 if new.key is not None and new.key in self._id_by_key:
@@ -99,7 +103,7 @@ class MemoryStore(QueueStore):
             ]
             return [self._copy(item) for item in matched[offset : offset + limit]]
 
-    def read_message_heads(self, item_ids: Sequence[str], *, size: int = 8192) -> dict[str, bytes]:
+    def read_message_heads(self, item_ids: Sequence[str], *, size: int = MESSAGE_HEAD_BYTES) -> dict[str, bytes]:
         with self._lock:
             return {
                 item_id: bytes(entry.message[:size])

@@ -18,10 +18,9 @@ import builtins
 import functools
 import json
 import uuid
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core import checks
@@ -34,25 +33,26 @@ from django.db import (
 )
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
-from django.utils.dateparse import parse_datetime
 
 from bumail_queue.errors import ErrorCode, QueueError, first_line
+from bumail_queue.estimates import planner_estimate
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
 from bumail_queue.models import Item, Message, item_from_row
-from bumail_queue.queries import AGE_BUCKETS, ItemQuery, QueueSummary
+from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueSummary
 
 from . import orm_queries
-from .base import QueueStore, WorkListener
+from .base import COMPLETE_TRIES, MESSAGE_HEAD_BYTES, QueueStore, WorkListener
+from .orm_database import (
+    WAKE_CHANNEL,
+    PostgresListener,
+    aware,
+    check_database,
+    default_is_read_committed,
+    id_text,
+)
 
-SUPPORTED_VENDORS = ("postgresql", "sqlite")
-#: The NOTIFY channel that enqueues, retries and give-backs signal on PostgreSQL.
-WAKE_CHANNEL = "bumail_queue"
 # Serialises adds that count against MAX_ITEMS across every process (pg_advisory_xact_lock).
 _MAX_ITEMS_LOCK = 0x62756D61696C  # "bumail"
-# How often complete() re-reads an item whose outcome another write changed meanwhile.
-_COMPLETE_TRIES = 8
-# The most leased items an ORMStore remembers for complete_many.
-_LEASED_KEPT = 10_000
 # How often an add retries when the item holding its key leaves meanwhile.
 _KEY_RACES = 3
 # How often a SQLite claim that lost every item it read to another process reads again.
@@ -62,12 +62,20 @@ _COLUMNS = (
     "id", "key", "sender", "recipients", "size", "created_at", "next_attempt_at",
     "attempts", "delay_notified", "lease_owner", "lease_expires_at",
 )  # fmt: skip
-_INSERT_COLUMNS = ("id", "key", "sender", "recipients", "size", "created_at", "next_attempt_at", "attempts", "delay_notified", "rev")
+_INSERT_COLUMNS = (
+    "id",
+    "key",
+    "sender",
+    "recipients",
+    "size",
+    "created_at",
+    "next_attempt_at",
+    "attempts",
+    "delay_notified",
+    "rev",
+)
 
 _ITEM_FIELDS: dict[str, Field[Any, Any]] = {f.attname: f for f in Item._meta.concrete_fields}
-
-# Whether a physical connection's default isolation is READ COMMITTED, asked once.
-_read_committed_by_connection: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
 def _built_once(method: Callable[..., str]) -> Callable[..., str]:
@@ -88,16 +96,14 @@ class ORMStore(QueueStore):
     """Keeps the queue in ``bumail_queue_items`` / ``bumail_queue_messages`` of ``DATABASE``."""
 
     supports_transactional_enqueue = True
+    counts_are_estimates = True
 
     def __init__(self, settings: Any) -> None:
         super().__init__(settings)
         self.alias: str = settings.database
-        self._items = Item._meta.db_table
-        self._messages = Message._meta.db_table
+        self.items_table = Item._meta.db_table
+        self.messages_table = Message._meta.db_table
         self._statements: dict[tuple[str, tuple[Any, ...]], str] = {}
-        # Each item this store leased, as claimed, with its rev: complete_many writes
-        # over it without reading it again (the rev guard says whether it changed).
-        self._leased: dict[str, tuple[QueueItem, int]] = {}
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -106,7 +112,8 @@ class ORMStore(QueueStore):
         return connections[self.alias]
 
     @_built_once
-    def _q(self, name: str) -> str:
+    def quote(self, name: str) -> str:
+        """Return ``name`` quoted as this database quotes identifiers."""
         return self.connection.ops.quote_name(name)
 
     def _prep(self, column: str, value: Any) -> Any:
@@ -125,13 +132,14 @@ class ORMStore(QueueStore):
     def _prep_message(self, data: bytes) -> Any:
         return Message._meta.get_field("data").get_db_prep_save(data, self.connection)
 
-    def _prep_time(self, value: datetime) -> Any:
+    def prep_time(self, value: datetime) -> Any:
+        """Return a time as this database's driver takes it in a raw statement."""
         return self.connection.ops.adapt_datetimefield_value(value)
 
     @_built_once
     def _select_list(self, alias: str = "") -> str:
         prefix = f"{alias}." if alias else ""
-        return ", ".join(prefix + self._q(c) for c in _COLUMNS)
+        return ", ".join(prefix + self.quote(c) for c in _COLUMNS)
 
     def _row_to_item(self, row: Sequence[Any]) -> QueueItem:
         values = dict(zip(_COLUMNS, row, strict=False))
@@ -141,11 +149,12 @@ class ORMStore(QueueStore):
         if isinstance(values["recipients"], str | bytes):
             values["recipients"] = json.loads(values["recipients"])
         for column in ("created_at", "next_attempt_at", "lease_expires_at"):
-            values[column] = _aware(values[column])
+            values[column] = aware(values[column])
         return item_from_row(values)
 
     @contextmanager
-    def _translated_errors(self) -> Iterator[None]:
+    def translated_errors(self) -> Iterator[None]:
+        """Turn a database that cannot be used into ``QueueError(STORE_UNAVAILABLE)``."""
         try:
             yield
         except (OperationalError, InterfaceError, ProgrammingError) as error:
@@ -155,20 +164,6 @@ class ORMStore(QueueStore):
                 f"The queue's database {self.alias!r} could not be used (has manage.py migrate run?): "
                 f"{first_line(error)}",
             ) from error
-
-    def _default_is_read_committed(self) -> bool:
-        connection = self.connection
-        if connection.vendor != "postgresql":
-            return True
-        connection.ensure_connection()
-        raw = connection.connection
-        known = _read_committed_by_connection.get(raw)
-        if known is None:
-            with connection.cursor() as cursor:
-                cursor.execute("SHOW default_transaction_isolation")
-                known = cursor.fetchone()[0] == "read committed"
-            _read_committed_by_connection[raw] = known
-        return known
 
     @contextmanager
     def _writing(self, *, single_statement: bool = False) -> Iterator[Any]:
@@ -180,7 +175,7 @@ class ORMStore(QueueStore):
         connection already defaults to READ COMMITTED: one round trip, not four.
         """
         connection = self.connection
-        with self._translated_errors():
+        with self.translated_errors():
             if connection.in_atomic_block:
                 if single_statement:
                     with connection.cursor() as cursor:
@@ -188,7 +183,7 @@ class ORMStore(QueueStore):
                 else:
                     with transaction.atomic(using=self.alias), connection.cursor() as cursor:
                         yield cursor
-            elif single_statement and self._default_is_read_committed():
+            elif single_statement and default_is_read_committed(self.connection):
                 with connection.cursor() as cursor:
                     yield cursor
             else:
@@ -209,8 +204,8 @@ class ORMStore(QueueStore):
             new.sender,
             self._prep("recipients", recipients),
             new.size,
-            self._prep_time(new.created_at),
-            self._prep_time(new.next_attempt_at),
+            self.prep_time(new.created_at),
+            self.prep_time(new.next_attempt_at),
             0,
             False,
             0,
@@ -220,9 +215,9 @@ class ORMStore(QueueStore):
     def _insert_sql(self, rows: int) -> str:
         row = "(" + ", ".join(["%s"] * len(_INSERT_COLUMNS)) + ")"
         return (
-            f"INSERT INTO {self._q(self._items)} ({', '.join(map(self._q, _INSERT_COLUMNS))}) "
+            f"INSERT INTO {self.quote(self.items_table)} ({', '.join(map(self.quote, _INSERT_COLUMNS))}) "
             f"VALUES {', '.join([row] * rows)} "
-            f"ON CONFLICT ({self._q('key')}) WHERE {self._q('key')} IS NOT NULL DO NOTHING RETURNING {self._q('id')}"
+            f"ON CONFLICT ({self.quote('key')}) WHERE {self.quote('key')} IS NOT NULL DO NOTHING RETURNING {self.quote('id')}"
         )
 
     def add_many(self, items: Sequence[NewItem], *, max_items: int | None = None) -> builtins.list[QueueItem]:
@@ -237,14 +232,14 @@ class ORMStore(QueueStore):
     @_built_once
     def _add_one_sql(self) -> str:
         message_sql = (
-            f"INSERT INTO {self._q(self._messages)} ({self._q('item_id')}, {self._q('data')}) "
-            f"SELECT {self._q('id')}, %s FROM new_item"
+            f"INSERT INTO {self.quote(self.messages_table)} ({self.quote('item_id')}, {self.quote('data')}) "
+            f"SELECT {self.quote('id')}, %s FROM new_item"
         )
         # pg_notify wakes idle workers once the statement (or the caller's transaction)
         # commits; PostgreSQL folds the notices of one transaction into one.
         return (
             f"WITH new_item AS ({self._insert_sql(1)}), new_message AS ({message_sql}) "
-            f"SELECT {self._q('id')}, pg_notify('{WAKE_CHANNEL}', '') FROM new_item"
+            f"SELECT {self.quote('id')}, pg_notify('{WAKE_CHANNEL}', '') FROM new_item"
         )
 
     def _add_one_statement(self, new: NewItem) -> QueueItem:
@@ -264,7 +259,9 @@ class ORMStore(QueueStore):
                 return existing
         raise _key_race(new)
 
-    def _add_in_transaction(self, items: Sequence[NewItem], max_items: int | None, *, _depth: int = 0) -> builtins.list[QueueItem]:
+    def _add_in_transaction(
+        self, items: Sequence[NewItem], max_items: int | None, *, _depth: int = 0
+    ) -> builtins.list[QueueItem]:
         by_id: dict[str, QueueItem] = {}
         with self._writing() as cursor:
             if max_items is not None and self.connection.vendor == "postgresql":
@@ -276,7 +273,7 @@ class ORMStore(QueueStore):
                 chunk = items[start : start + 500]
                 cursor.execute(self._insert_sql(len(chunk)), [v for new in chunk for v in self._insert_values(new)])
                 # RETURNING names the rows inserted; a row whose key was taken is not.
-                added = {_id_text(row[0]) for row in cursor.fetchall()}
+                added = {id_text(row[0]) for row in cursor.fetchall()}
                 by_id.update((new.id, new.to_queue_item()) for new in chunk if new.id in added)
             inserted = [new for new in items if new.id in by_id]
             if inserted and self.connection.vendor == "postgresql":
@@ -286,7 +283,7 @@ class ORMStore(QueueStore):
                     [Message(item_id=uuid.UUID(new.id), data=new.message) for new in inserted]
                 )
             if max_items is not None:
-                cursor.execute(f"SELECT COUNT(*) FROM {self._q(self._items)}")
+                cursor.execute(f"SELECT COUNT(*) FROM {self.quote(self.items_table)}")
                 total = cursor.fetchone()[0]
                 if total > max_items:
                     raise QueueError(
@@ -306,7 +303,7 @@ class ORMStore(QueueStore):
         return [by_id[new.id] if new.id in by_id else existing[new.key] for new in items]  # type: ignore[index]
 
     def _get_by_keys(self, keys: Iterable[str]) -> dict[str, QueueItem]:
-        with self._translated_errors():
+        with self.translated_errors():
             rows = Item.objects.using(self.alias).filter(key__in=list(keys))
             return {row.key: row.to_queue_item() for row in rows}  # type: ignore[misc]
 
@@ -316,47 +313,47 @@ class ORMStore(QueueStore):
         key = self._prep_id(item_id)
         if key is None:
             return None
-        with self._translated_errors():
+        with self.translated_errors():
             row = Item.objects.using(self.alias).filter(id=uuid.UUID(item_id)).first()
         return None if row is None else row.to_queue_item()
 
     def list(self, *, offset: int = 0, limit: int = 100) -> builtins.list[QueueItem]:
-        with self._translated_errors():
+        with self.translated_errors():
             rows = Item.objects.using(self.alias).order_by("next_attempt_at", "seq")[offset : offset + limit]
             return [row.to_queue_item() for row in rows]
 
     def count(self) -> int:
-        with self._translated_errors():
+        with self.translated_errors():
             return Item.objects.using(self.alias).count()
 
     def read_message(self, item_id: str) -> bytes | None:
         key = self._prep_id(item_id)
         if key is None:
             return None
-        sql = f"SELECT {self._q('data')} FROM {self._q(self._messages)} WHERE {self._q('item_id')} = %s"
-        with self._translated_errors(), self.connection.cursor() as cursor:
+        sql = f"SELECT {self.quote('data')} FROM {self.quote(self.messages_table)} WHERE {self.quote('item_id')} = %s"
+        with self.translated_errors(), self.connection.cursor() as cursor:
             cursor.execute(sql, [key])
             row = cursor.fetchone()
         return None if row is None else bytes(row[0])
 
     def read_messages(self, item_ids: Iterable[str]) -> dict[str, bytes]:
         """One query for the messages of a batch (a worker reads a claim's at once)."""
-        return self._select_messages(item_ids)
+        return self.select_messages(item_ids)
 
-    def _select_messages(self, item_ids: Iterable[str], *, head: int | None = None) -> dict[str, bytes]:
+    def select_messages(self, item_ids: Iterable[str], *, head: int | None = None) -> dict[str, bytes]:
         """The messages of ``item_ids`` by id, or their first ``head`` bytes, in one query."""
         keys = [key for key in map(self._prep_id, item_ids) if key is not None]
         if not keys:
             return {}
-        q = self._q
+        q = self.quote
         data = q("data") if head is None else f"substr({q('data')}, 1, %s)"
         sql = (
-            f"SELECT {q('item_id')}, {data} FROM {q(self._messages)} "
+            f"SELECT {q('item_id')}, {data} FROM {q(self.messages_table)} "
             f"WHERE {q('item_id')} IN ({', '.join(['%s'] * len(keys))})"
         )
-        with self._translated_errors(), self.connection.cursor() as cursor:
+        with self.translated_errors(), self.connection.cursor() as cursor:
             cursor.execute(sql, keys if head is None else [head, *keys])
-            return {_id_text(item_id): bytes(data) for item_id, data in cursor.fetchall()}
+            return {id_text(item_id): bytes(data) for item_id, data in cursor.fetchall()}
 
     # -- leases and outcomes ----------------------------------------------------------
 
@@ -364,7 +361,7 @@ class ORMStore(QueueStore):
         self.validate_owner(owner)
         if limit < 1:
             return []
-        until, at = self._prep_time(lease_until), self._prep_time(now)
+        until, at = self.prep_time(lease_until), self.prep_time(now)
         connection = self.connection
         if connection.vendor == "postgresql":
             rows = self._claim_skip_locked(owner, until, at, limit)
@@ -372,16 +369,12 @@ class ORMStore(QueueStore):
             rows = self._claim_write_locked(owner, until, at, limit)
         else:
             rows = self._claim_compare_and_set(owner, until, at, limit)
-        rows.sort(key=lambda row: (_aware(row[0]), row[1]))
-        claimed = [(self._row_to_item(row[2:-1]), row[-1]) for row in rows]
-        if len(self._leased) > _LEASED_KEPT:
-            self._leased.clear()  # what a caller never completed; completes read instead
-        self._leased.update((item.id, (item, rev)) for item, rev in claimed)
-        return [item for item, _ in claimed]
+        rows.sort(key=lambda row: (aware(row[0]), row[1]))
+        return [self._row_to_item(row[2:]) for row in rows]
 
     @_built_once
     def _due_sql(self, lock: str = "") -> str:
-        items, q = self._q(self._items), self._q
+        items, q = self.quote(self.items_table), self.quote
         return (
             f"SELECT {q('seq')} AS due_seq, {q('next_attempt_at')} AS due_at FROM {items} "
             f"WHERE {q('next_attempt_at')} <= %s AND ({q('lease_owner')} IS NULL OR {q('lease_expires_at')} <= %s) "
@@ -393,15 +386,15 @@ class ORMStore(QueueStore):
         # The lease doubles as the retry time: a leased item's next_attempt_at is its
         # lease's expiry, so it leaves the front of the due index (a backlog of leases
         # never slows a claim) and falls due by itself if its worker dies.
-        q = self._q
+        q = self.quote
         return (
-            f"UPDATE {self._q(self._items)} SET {q('lease_owner')} = %s, {q('lease_expires_at')} = %s, "
+            f"UPDATE {self.quote(self.items_table)} SET {q('lease_owner')} = %s, {q('lease_expires_at')} = %s, "
             f"{q('next_attempt_at')} = %s"
         )
 
     @_built_once
     def _skip_locked_claim_sql(self) -> str:
-        items, q = self._q(self._items), self._q
+        items, q = self.quote(self.items_table), self.quote
         # The lease is committed without waiting for the disk (synchronous_commit off
         # for this statement's transaction alone): a lease a database crash forgets
         # only makes the item claimable again, as a worker's crash does, and the
@@ -411,7 +404,7 @@ class ORMStore(QueueStore):
             f"{self._lease_sql()} FROM ({self._due_sql(' FOR UPDATE SKIP LOCKED')}) AS due, "
             "(SELECT set_config('synchronous_commit', 'off', true)) AS lease_commit "
             f"WHERE {items}.{q('seq')} = due.due_seq "
-            f"RETURNING due.due_at, {items}.{q('seq')}, {self._select_list(items)}, {items}.{q('rev')}"
+            f"RETURNING due.due_at, {items}.{q('seq')}, {self._select_list(items)}"
         )
 
     def _claim_skip_locked(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
@@ -426,7 +419,7 @@ class ORMStore(QueueStore):
         # IMMEDIATE holds the write lock from its start, so the due items it reads are
         # still due and free when it leases them, and no claimer ever loses a race.
         connection = self.connection
-        with self._translated_errors():
+        with self.translated_errors():
             connection.ensure_connection()
             with connection.cursor() as cursor:
                 cursor.execute("BEGIN IMMEDIATE")
@@ -446,11 +439,11 @@ class ORMStore(QueueStore):
 
     def _lease_due(self, cursor: Any, due: dict[Any, Any], owner: str, until: Any, at: Any) -> builtins.list[Any]:
         """Lease those of ``due`` still due and free; their rows, each led by its due time."""
-        q = self._q
+        q = self.quote
         sql = (
             f"{self._lease_sql()} WHERE {q('seq')} IN ({', '.join(['%s'] * len(due))}) "
             f"AND {q('next_attempt_at')} <= %s AND ({q('lease_owner')} IS NULL OR {q('lease_expires_at')} <= %s) "
-            f"RETURNING {q('seq')}, {self._select_list()}, {q('rev')}"
+            f"RETURNING {q('seq')}, {self._select_list()}"
         )
         cursor.execute(sql, [owner, until, until, *due, at, at])
         return [(due[row[0]], *row) for row in cursor.fetchall()]
@@ -462,7 +455,7 @@ class ORMStore(QueueStore):
         # that read the same items, the second finds them leased and takes none of
         # them; it then reads again, so a lost race never reads as an empty queue.
         for _ in range(_CLAIM_RACES):
-            with self._translated_errors(), self.connection.cursor() as cursor:
+            with self.translated_errors(), self.connection.cursor() as cursor:
                 due = self._read_due(cursor, at, limit)
             if not due:
                 return []
@@ -477,9 +470,9 @@ class ORMStore(QueueStore):
         key = self._prep_id(item_id)
         if key is None:
             return False
-        q, until = self._q, self._prep_time(lease_until)
+        q, until = self.quote, self.prep_time(lease_until)
         sql = (
-            f"UPDATE {self._q(self._items)} SET {q('lease_expires_at')} = %s, {q('next_attempt_at')} = %s "
+            f"UPDATE {self.quote(self.items_table)} SET {q('lease_expires_at')} = %s, {q('next_attempt_at')} = %s "
             f"WHERE {q('id')} = %s AND {q('lease_owner')} = %s"
         )
         with self._writing(single_statement=True) as cursor:
@@ -492,11 +485,10 @@ class ORMStore(QueueStore):
     def complete(self, item_id: str, *, owner: str, result: AttemptResult) -> QueueItem | None:
         self.validate_owner(owner)
         self.validate_result(result)
-        self._leased.pop(item_id, None)
         key = self._prep_id(item_id)
         if key is None:
             return None
-        for _ in range(_COMPLETE_TRIES):
+        for _ in range(COMPLETE_TRIES):
             read = self._read_for_complete(key)
             if read is None:
                 return None
@@ -511,7 +503,7 @@ class ORMStore(QueueStore):
         raise self.lease_lost(item_id, owner)
 
     def complete_many(
-        self, owner: str, results: Sequence[tuple[str, AttemptResult]]
+        self, results: Sequence[tuple[str, AttemptResult]], *, owner: str
     ) -> builtins.list[QueueItem | QueueError | None]:
         """Record a batch: one read, then one transaction and one commit for all of it.
 
@@ -528,9 +520,7 @@ class ORMStore(QueueStore):
         # Read before the transaction: on SQLite a transaction that reads, then writes,
         # deadlocks with another writer at once instead of waiting. The rev guards
         # every write against what changed since.
-        held = {item_id: read for item_id, _ in results if (read := self._leased.pop(item_id, None))}
-        unread = [key for item_id, key in keys.items() if key is not None and item_id not in held]
-        held.update(self._read_many_for_complete(unread))
+        held = self._read_many_for_complete([key for key in keys.values() if key is not None])
         finished: dict[str, tuple[QueueItem, int]] = {}
         unfinished: builtins.list[tuple[str, QueueItem, int]] = []
         for item_id, result in results:
@@ -562,14 +552,16 @@ class ORMStore(QueueStore):
             else:
                 contested.append((item_id, result_of[item_id]))
         # Changed between the read and the write: each goes the single way, which reads again.
-        done.update(zip((item_id for item_id, _ in contested), super().complete_many(owner, contested), strict=True))
+        done.update(
+            zip((item_id for item_id, _ in contested), super().complete_many(contested, owner=owner), strict=True)
+        )
         return [done[item_id] for item_id, _ in results]
 
     def _drop_finished(self, owner: str, held: builtins.list[tuple[Any, int]]) -> set[str]:
         """Drop the items still as read (owner and rev) with their messages; return their ids."""
         if not held:
             return set()
-        q, items, messages = self._q, self._q(self._items), self._q(self._messages)
+        q, items, messages = self.quote, self.quote(self.items_table), self.quote(self.messages_table)
         pairs = ", ".join(["(%s, %s)"] * len(held))
         params = [value for pair in held for value in pair]
         delete = (
@@ -592,29 +584,29 @@ class ORMStore(QueueStore):
                     cursor.execute(
                         f"DELETE FROM {messages} WHERE {q('item_id')} IN ({', '.join(['%s'] * len(gone))})", gone
                     )
-        return {_id_text(value) for value in gone}
+        return {id_text(value) for value in gone}
 
     def _read_many_for_complete(self, keys: builtins.list[Any]) -> dict[str, tuple[QueueItem, int]]:
         if not keys:
             return {}
         sql = (
-            f"SELECT {self._select_list()}, {self._q('rev')} FROM {self._q(self._items)} "
-            f"WHERE {self._q('id')} IN ({', '.join(['%s'] * len(keys))})"
+            f"SELECT {self._select_list()}, {self.quote('rev')} FROM {self.quote(self.items_table)} "
+            f"WHERE {self.quote('id')} IN ({', '.join(['%s'] * len(keys))})"
         )
-        with self._translated_errors(), self.connection.cursor() as cursor:
+        with self.translated_errors(), self.connection.cursor() as cursor:
             cursor.execute(sql, keys)
             rows = cursor.fetchall()
         items = ((self._row_to_item(row[:-1]), row[-1]) for row in rows)
         return {item.id: (item, rev) for item, rev in items}
 
     def _write_outcome(self, key: Any, owner: str, rev: int, item: QueueItem) -> bool:
-        q, items = self._q, self._q(self._items)
+        q, items = self.quote, self.quote(self.items_table)
         guard = f"WHERE {q('id')} = %s AND {q('lease_owner')} = %s AND {q('rev')} = %s"
         if item.is_finished and self.connection.vendor == "postgresql":
             # The item and its message in one statement: one round trip, atomic by itself.
             sql = (
                 f"WITH gone AS (DELETE FROM {items} {guard} RETURNING {q('id')}), "
-                f"gone_message AS (DELETE FROM {self._q(self._messages)} "
+                f"gone_message AS (DELETE FROM {self.quote(self.messages_table)} "
                 f"WHERE {q('item_id')} IN (SELECT {q('id')} FROM gone)) SELECT 1 FROM gone"
             )
             with self._writing(single_statement=True) as cursor:
@@ -625,7 +617,7 @@ class ORMStore(QueueStore):
                 cursor.execute(f"DELETE FROM {items} {guard}", [key, owner, rev])
                 if cursor.rowcount != 1:
                     return False
-                cursor.execute(f"DELETE FROM {self._q(self._messages)} WHERE {q('item_id')} = %s", [key])
+                cursor.execute(f"DELETE FROM {self.quote(self.messages_table)} WHERE {q('item_id')} = %s", [key])
                 return True
         sql = (
             f"UPDATE {items} SET {q('recipients')} = %s, {q('next_attempt_at')} = %s, {q('attempts')} = %s, "
@@ -634,7 +626,7 @@ class ORMStore(QueueStore):
         )
         params = [
             self._prep("recipients", [r.to_dict() for r in item.recipients]),
-            self._prep_time(item.next_attempt_at),
+            self.prep_time(item.next_attempt_at),
             item.attempts,
             self._prep("delay_notified", item.delay_notified),
             key,
@@ -648,17 +640,16 @@ class ORMStore(QueueStore):
     def reschedule(self, item_id: str, *, at: datetime, owner: str | None = None) -> bool:
         if owner is not None:
             self.validate_owner(owner)
-        self._leased.pop(item_id, None)
         key = self._prep_id(item_id)
         if key is None:
             return False
-        q, when = self._q, self._prep_time(at)
+        q, when = self.quote, self.prep_time(at)
         if owner is None:
-            sql = f"UPDATE {self._q(self._items)} SET {q('next_attempt_at')} = %s WHERE {q('id')} = %s"
+            sql = f"UPDATE {self.quote(self.items_table)} SET {q('next_attempt_at')} = %s WHERE {q('id')} = %s"
             params = [when, key]
         else:
             sql = (
-                f"UPDATE {self._q(self._items)} SET {q('next_attempt_at')} = %s, {q('lease_owner')} = NULL, "
+                f"UPDATE {self.quote(self.items_table)} SET {q('next_attempt_at')} = %s, {q('lease_owner')} = NULL, "
                 f"{q('lease_expires_at')} = NULL WHERE {q('id')} = %s AND {q('lease_owner')} = %s"
             )
             params = [when, key, owner]
@@ -673,18 +664,18 @@ class ORMStore(QueueStore):
         """On PostgreSQL, a ``LISTEN`` on its own connection: idle workers wake on enqueue."""
         if self.connection.vendor != "postgresql":
             return None
-        return _PostgresListener(self.alias)
+        return PostgresListener(self.alias)
 
     def cancel(self, item_id: str) -> QueueItem | None:
-        self._leased.pop(item_id, None)
         key = self._prep_id(item_id)
         if key is None:
             return None
-        q = self._q
+        q = self.quote
         with self._writing() as cursor:
-            cursor.execute(f"DELETE FROM {self._q(self._messages)} WHERE {q('item_id')} = %s", [key])
+            cursor.execute(f"DELETE FROM {self.quote(self.messages_table)} WHERE {q('item_id')} = %s", [key])
             cursor.execute(
-                f"DELETE FROM {self._q(self._items)} WHERE {q('id')} = %s RETURNING {self._select_list()}", [key]
+                f"DELETE FROM {self.quote(self.items_table)} WHERE {q('id')} = %s RETURNING {self._select_list()}",
+                [key],
             )
             row = cursor.fetchone()
         return None if row is None else self._row_to_item(row)
@@ -692,26 +683,7 @@ class ORMStore(QueueStore):
     # -- checks -----------------------------------------------------------------------
 
     def check(self, **kwargs: Any) -> builtins.list[checks.CheckMessage]:
-        vendor = self.connection.vendor
-        if vendor not in SUPPORTED_VENDORS:
-            return [
-                checks.Error(
-                    f"The ORM store runs on PostgreSQL or SQLite; DATABASES[{self.alias!r}] is {vendor}.",
-                    hint="Point BUMAIL_QUEUE['DATABASE'] at a PostgreSQL or SQLite database.",
-                    id="bumail_queue.E013",
-                )
-            ]
-        if vendor == "sqlite":
-            import sqlite3
-
-            if sqlite3.sqlite_version_info < (3, 35):
-                return [
-                    checks.Error(
-                        f"The ORM store needs SQLite 3.35 or newer (RETURNING); this Python has {sqlite3.sqlite_version}.",
-                        id="bumail_queue.E014",
-                    )
-                ]
-        return []
+        return check_database(self.connection, self.alias)
 
     # -- reading for operators (the admin, queue_status): see orm_queries.py ----------
 
@@ -719,48 +691,17 @@ class ORMStore(QueueStore):
         """Match as ``ItemQuery`` says, and ``text`` in the message's header block too."""
         return orm_queries.search(self, query, offset=offset, limit=limit)
 
-    def read_message_heads(self, item_ids: Sequence[str], *, size: int = 8192) -> dict[str, bytes]:
+    def read_message_heads(self, item_ids: Sequence[str], *, size: int = MESSAGE_HEAD_BYTES) -> dict[str, bytes]:
         return orm_queries.read_message_heads(self, item_ids, size=size)
 
     def summary(self, *, now: datetime, age_buckets: Sequence[timedelta] = AGE_BUCKETS) -> QueueSummary:
         return orm_queries.summary(self, now=now, age_buckets=age_buckets)
 
-    def estimated_count(self) -> int:
+    def estimated_count(self) -> ItemCount:
         """On PostgreSQL, the planner's estimate once the table is large: no ``COUNT(*)``."""
-        return orm_queries.estimated_count(self)
-
-
-def _aware(value: Any) -> datetime | None:
-    if value is None or (isinstance(value, datetime) and value.tzinfo is not None):
-        return value
-    parsed = parse_datetime(value) if isinstance(value, str) else value
-    return None if parsed is None else parsed.replace(tzinfo=UTC)
-
-
-class _PostgresListener(WorkListener):
-    """A connection of its own that LISTENs; a pooler in transaction mode cannot, and
-    then the worker's poll (``POLL_SECONDS``) still finds the work."""
-
-    def __init__(self, alias: str) -> None:
-        # A separate Django connection, so it has every option of the alias.
-        self._wrapper = connections.create_connection(alias)
-        self._wrapper.ensure_connection()
-        self._wrapper.set_autocommit(True)
-        self._raw = self._wrapper.connection
-        self._raw.execute(f"LISTEN {WAKE_CHANNEL}")
-
-    def wait(self, timeout: float) -> bool:
-        for _ in self._raw.notifies(timeout=timeout, stop_after=1):
-            return True
-        return False
-
-    def close(self) -> None:
-        self._wrapper.close()
-
-
-def _id_text(value: Any) -> str:
-    """Return an id as text: psycopg gives a UUID, SQLite the 32 hex digits Django keeps."""
-    return str(value if isinstance(value, uuid.UUID) else uuid.UUID(value))
+        with self.translated_errors():
+            estimate = planner_estimate(self.connection, self.items_table)
+        return ItemCount(self.count(), exact=True) if estimate is None else ItemCount(estimate, exact=False)
 
 
 def _key_race(new: NewItem) -> QueueError:
@@ -768,5 +709,3 @@ def _key_race(new: NewItem) -> QueueError:
         ErrorCode.STORE_UNAVAILABLE,
         f"The idempotency key {new.key!r} kept changing hands while it was added; try again.",
     )
-
-

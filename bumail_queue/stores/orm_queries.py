@@ -8,10 +8,12 @@ size of the queue: the admin's list page costs the same with ten items or a mill
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Count, Min, Q
 from django.db.models.expressions import RawSQL
 
@@ -25,13 +27,24 @@ from bumail_queue.queries import (
     shape_from_counts,
 )
 
-if TYPE_CHECKING:
-    from django.db.backends.base.base import BaseDatabaseWrapper
 
-    from .orm import ORMStore
+class ORMTables(Protocol):
+    """What these answers need of the ORM store: its tables, its connection, its quoting."""
 
-# Below this many rows (by PostgreSQL's estimate) an exact count is cheap enough.
-EXACT_COUNT_BELOW = 100_000
+    alias: str
+    items_table: str
+    messages_table: str
+
+    @property
+    def connection(self) -> BaseDatabaseWrapper: ...
+
+    def quote(self, name: str) -> str: ...
+
+    def prep_time(self, value: datetime) -> Any: ...
+
+    def translated_errors(self) -> AbstractContextManager[None]: ...
+
+    def select_messages(self, item_ids: Iterable[str], *, head: int | None = None) -> dict[str, bytes]: ...
 
 
 def _escape_like(text: str) -> str:
@@ -49,9 +62,9 @@ def _state_filter(state: ItemState, now: datetime) -> Q:
     return ~_leased(now) & tried
 
 
-def _headers_match(store: ORMStore, text: str) -> RawSQL:
+def _headers_match(store: ORMTables, text: str) -> RawSQL:
     """The ids of items whose message's header block contains ``text`` (ASCII case aside)."""
-    q, messages = store._q, store._q(store._messages)
+    q, messages = store.quote, store.quote(store.messages_table)
     pattern = f"%{_escape_like(text)}%"
     if store.connection.vendor == "postgresql":
         # The header block ends at the first empty line; LEAST skips the NULLs of a
@@ -73,7 +86,7 @@ def _headers_match(store: ORMStore, text: str) -> RawSQL:
     return RawSQL(sql, [pattern])  # noqa: S611 - the text is a parameter; the rest is ours
 
 
-def _filter(store: ORMStore, query: ItemQuery) -> Q:
+def _filter(store: ORMTables, query: ItemQuery) -> Q:
     where = Q()
     if query.state is not None:
         where &= _state_filter(query.state, query.now)
@@ -88,22 +101,22 @@ def _filter(store: ORMStore, query: ItemQuery) -> Q:
     return where
 
 
-def search(store: ORMStore, query: ItemQuery, *, offset: int, limit: int) -> list[QueueItem]:
+def search(store: ORMTables, query: ItemQuery, *, offset: int, limit: int) -> list[QueueItem]:
     """Return a page of matching items, earliest due first, in one statement."""
     rows = Item.objects.using(store.alias).filter(_filter(store, query)).order_by("next_attempt_at", "seq")
-    with store._translated_errors():
+    with store.translated_errors():
         return [row.to_queue_item() for row in rows[offset : offset + limit]]
 
 
-def read_message_heads(store: ORMStore, item_ids: Sequence[str], *, size: int) -> dict[str, bytes]:
+def read_message_heads(store: ORMTables, item_ids: Sequence[str], *, size: int) -> dict[str, bytes]:
     """Return the first ``size`` bytes of each message, in one statement."""
-    return store._select_messages(item_ids, head=size)
+    return store.select_messages(item_ids, head=size)
 
 
-def summary(store: ORMStore, *, now: datetime, age_buckets: Sequence[timedelta]) -> QueueSummary:
+def summary(store: ORMTables, *, now: datetime, age_buckets: Sequence[timedelta]) -> QueueSummary:
     """Return the counts (one statement) and the shape (one more) of the queue."""
     leased = _leased(now)
-    with store._translated_errors():
+    with store.translated_errors():
         counts = Item.objects.using(store.alias).aggregate(
             total=Count("seq"),
             delivering=Count("seq", filter=leased),
@@ -130,11 +143,15 @@ def summary(store: ORMStore, *, now: datetime, age_buckets: Sequence[timedelta])
     )
 
 
-def _shape_rows(store: ORMStore, now: datetime, bounds: tuple[timedelta, ...]) -> list[tuple[str, int, int]]:
-    q, items = store._q, store._q(store._items)
+def _shape_rows(store: ORMTables, now: datetime, bounds: tuple[timedelta, ...]) -> list[tuple[str, int, int]]:
+    q, items = store.quote, store.quote(store.items_table)
     # An item is in the first bucket whose bound it is younger than (created after now - bound).
-    bucket = "CASE " + " ".join(f"WHEN i.{q('created_at')} > %s THEN {n}" for n in range(len(bounds))) + f" ELSE {len(bounds)} END"
-    params: list[Any] = [store._prep_time(now - bound) for bound in bounds]
+    bucket = (
+        "CASE "
+        + " ".join(f"WHEN i.{q('created_at')} > %s THEN {n}" for n in range(len(bounds)))
+        + f" ELSE {len(bounds)} END"
+    )
+    params: list[Any] = [store.prep_time(now - bound) for bound in bounds]
     if store.connection.vendor == "postgresql":
         address = "r.value->>'address'"
         sql = (
@@ -153,23 +170,3 @@ def _shape_rows(store: ORMStore, now: datetime, bounds: tuple[timedelta, ...]) -
     with store.connection.cursor() as cursor:
         cursor.execute(sql, params)
         return [(domain, int(index), int(n)) for domain, index, n in cursor.fetchall()]
-
-
-def planner_estimate(connection: BaseDatabaseWrapper, table: str) -> int | None:
-    """Return PostgreSQL's estimate of ``table``'s rows once it is ``EXACT_COUNT_BELOW``
-    or more (counting them would read them all); ``None`` where counting is cheap."""
-    if connection.vendor != "postgresql":
-        return None
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [table])
-        row = cursor.fetchone()
-    if row is None or row[0] is None or row[0] < EXACT_COUNT_BELOW:
-        return None
-    return int(row[0])
-
-
-def estimated_count(store: ORMStore) -> int:
-    """Return PostgreSQL's estimate of the rows when the table is large; else count them."""
-    with store._translated_errors():
-        estimate = planner_estimate(store.connection, store._items)
-    return store.count() if estimate is None else estimate

@@ -46,7 +46,9 @@ def _free_port() -> int:
 
 
 def _manage(env: dict[str, str], *args: str) -> None:
-    subprocess.run([sys.executable, "manage.py", *args], cwd=EXAMPLE, env=env, check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=EXAMPLE, env=env, check=True, capture_output=True, timeout=120
+    )
 
 
 @pytest.fixture(scope="session")
@@ -106,6 +108,7 @@ def page(chromium, example_site):
     tab = context.new_page()
     errors: list[str] = []
     tab.on("pageerror", lambda error: errors.append(str(error)))
+
     # A Content-Security-Policy violation (a blocked script or style) is a console error.
     def on_console(message):
         where = message.location.get("url", "")

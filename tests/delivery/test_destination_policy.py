@@ -97,7 +97,16 @@ def test_addresses_that_are_not_globally_routable_are_refused(address: str, reas
 
 @pytest.mark.parametrize(
     "address",
-    ["8.8.8.8", "1.1.1.1", "93.184.216.34", "2001:4860:4860::8888", "2a00:1450:4001::1a", "::ffff:8.8.8.8", "2002:808:808::1", "64:ff9b::808:808"],
+    [
+        "8.8.8.8",
+        "1.1.1.1",
+        "93.184.216.34",
+        "2001:4860:4860::8888",
+        "2a00:1450:4001::1a",
+        "::ffff:8.8.8.8",
+        "2002:808:808::1",
+        "64:ff9b::808:808",
+    ],
 )
 def test_globally_routable_addresses_are_used(address: str) -> None:
     assert destination_refusal(address) is None
@@ -126,12 +135,18 @@ def test_allowed_networks_open_exactly_what_they_name(address: str, allowed: lis
 
 
 def resolver_for(server: LoopbackDNSServer, *, allowed=(), address_limit: int = 5) -> MXResolver:
-    return MXResolver(nameservers=server.nameservers, port=PORT, timeout=5, allowed_networks=allowed, address_limit=address_limit)
+    return MXResolver(
+        nameservers=server.nameservers, port=PORT, timeout=5, allowed_networks=allowed, address_limit=address_limit
+    )
 
 
 @pytest.mark.parametrize(
     ("domain", "address"),
-    [("[127.0.0.1]", "127.0.0.1"), ("[IPv6:::ffff:127.0.0.1]", "::ffff:127.0.0.1"), ("[169.254.169.254]", "169.254.169.254")],
+    [
+        ("[127.0.0.1]", "127.0.0.1"),
+        ("[IPv6:::ffff:127.0.0.1]", "::ffff:127.0.0.1"),
+        ("[169.254.169.254]", "169.254.169.254"),
+    ],
 )
 def test_a_refused_address_literal_fails_naming_the_address_and_the_setting(
     dns_server: LoopbackDNSServer, domain: str, address: str, caplog: pytest.LogCaptureFixture
@@ -150,7 +165,9 @@ def test_a_refused_address_literal_fails_naming_the_address_and_the_setting(
     assert dns_server.queries == []
 
 
-def test_private_addresses_are_skipped_and_public_ones_kept(dns_server: LoopbackDNSServer, caplog: pytest.LogCaptureFixture) -> None:
+def test_private_addresses_are_skipped_and_public_ones_kept(
+    dns_server: LoopbackDNSServer, caplog: pytest.LogCaptureFixture
+) -> None:
     dns_server.zone = DNSZone({
         "mixed.test": {"MX": [(10, "inside.mixed.test"), (20, "outside.mixed.test")]},
         "inside.mixed.test": {"A": ["10.0.0.25", "192.168.1.25"], "AAAA": ["fd00::25"]},
@@ -220,7 +237,9 @@ def thousand_mx_records(address_of) -> DNSZone:
     })  # fmt: skip
 
 
-def test_a_thousand_mx_records_cost_at_most_address_limit_addresses_and_few_lookups(dns_server: LoopbackDNSServer) -> None:
+def test_a_thousand_mx_records_cost_at_most_address_limit_addresses_and_few_lookups(
+    dns_server: LoopbackDNSServer,
+) -> None:
     dns_server.zone = thousand_mx_records(lambda i: f"127.0.{i // 250}.{i % 250 + 1}")
     result = resolver_for(dns_server, allowed=LOOPBACK, address_limit=5).destinations("flood.test")
     assert [h.address for h in result.hosts] == [f"127.0.0.{i}" for i in range(1, 6)]
@@ -231,7 +250,9 @@ def test_a_thousand_mx_records_cost_at_most_address_limit_addresses_and_few_look
     assert len(dns_server.queries) <= 2 + 2 * 5
 
 
-def test_a_thousand_mx_records_without_a_usable_address_cost_a_bounded_number_of_lookups(dns_server: LoopbackDNSServer) -> None:
+def test_a_thousand_mx_records_without_a_usable_address_cost_a_bounded_number_of_lookups(
+    dns_server: LoopbackDNSServer,
+) -> None:
     dns_server.zone = thousand_mx_records(lambda i: "10.0.0.1")
     result = resolver_for(dns_server, address_limit=5).destinations("flood.test")
     assert result.failure is not None
@@ -269,7 +290,10 @@ INTERNAL_ZONE = {"internal.test": {"MX": [(10, "mx.internal.test")]}, "mx.intern
 @pytest.mark.django_db(transaction=True)
 def test_the_worker_never_connects_to_an_internal_listener(smtp_server, dns_server, failures, caplog) -> None:
     dns_server.zone = DNSZone(INTERNAL_ZONE)
-    with override_settings(BUMAIL_QUEUE=worker_settings(dns_server, smtp_server.port)), caplog.at_level(logging.WARNING, logger="bumail_queue"):
+    with (
+        override_settings(BUMAIL_QUEUE=worker_settings(dns_server, smtp_server.port)),
+        caplog.at_level(logging.WARNING, logger="bumail_queue"),
+    ):
         for recipient in INTERNAL_RECIPIENTS:
             queue.enqueue(b"Subject: x\r\n\r\nx\r\n", sender="", recipients=[recipient])
         stats = queue.deliver_due()
@@ -287,9 +311,13 @@ def test_the_worker_never_connects_to_an_internal_listener(smtp_server, dns_serv
 def test_the_worker_never_hands_the_metadata_address_to_the_transport(dns_server, failures) -> None:
     # No listener can stand on 169.254.169.254; a transport that records what it is given can.
     transport = ScriptedTransport()
-    dns_server.zone = DNSZone({"metadata.test": {"MX": [(10, "mx.metadata.test")]}, "mx.metadata.test": {"A": ["169.254.169.254"]}})
+    dns_server.zone = DNSZone(
+        {"metadata.test": {"MX": [(10, "mx.metadata.test")]}, "mx.metadata.test": {"A": ["169.254.169.254"]}}
+    )
     with override_settings(BUMAIL_QUEUE=worker_settings(dns_server, PORT)):
-        queue.enqueue(b"Subject: x\r\n\r\nx\r\n", sender="", recipients=["user@[169.254.169.254]", "user@metadata.test"])
+        queue.enqueue(
+            b"Subject: x\r\n\r\nx\r\n", sender="", recipients=["user@[169.254.169.254]", "user@metadata.test"]
+        )
         queue.deliver_due(transport=transport)
     assert transport.envelopes == []
     assert sorted(r for r, _ in failures) == ["user@[169.254.169.254]", "user@metadata.test"]

@@ -26,7 +26,12 @@ def resolver_for(
 ) -> MXResolver:
     rng = None if seed is None else random.Random(seed)
     return MXResolver(
-        nameservers=server.nameservers, port=PORT, timeout=timeout, rng=rng, allowed_networks=OPEN_NETWORKS, address_limit=address_limit
+        nameservers=server.nameservers,
+        port=PORT,
+        timeout=timeout,
+        rng=rng,
+        allowed_networks=OPEN_NETWORKS,
+        address_limit=address_limit,
     )
 
 
@@ -55,12 +60,14 @@ def free_udp_port() -> int:
 
 
 def test_mx_hosts_in_preference_order(dns_server: LoopbackDNSServer) -> None:
-    dns_server.zone = DNSZone({
-        "example.test": {"MX": [(30, "mx3.example.test"), (10, "mx1.example.test"), (20, "mx2.example.test")]},
-        "mx1.example.test": {"A": ["127.0.0.1"]},
-        "mx2.example.test": {"A": ["127.0.0.2"]},
-        "mx3.example.test": {"A": ["127.0.0.3"]},
-    })
+    dns_server.zone = DNSZone(
+        {
+            "example.test": {"MX": [(30, "mx3.example.test"), (10, "mx1.example.test"), (20, "mx2.example.test")]},
+            "mx1.example.test": {"A": ["127.0.0.1"]},
+            "mx2.example.test": {"A": ["127.0.0.2"]},
+            "mx3.example.test": {"A": ["127.0.0.3"]},
+        }
+    )
     result = resolver_for(dns_server).destinations("example.test")
     assert result.failure is None
     assert result.hosts == (
@@ -71,13 +78,22 @@ def test_mx_hosts_in_preference_order(dns_server: LoopbackDNSServer) -> None:
 
 
 def test_equal_preferences_in_random_order(dns_server: LoopbackDNSServer) -> None:
-    dns_server.zone = DNSZone({
-        "example.test": {"MX": [(10, "a.example.test"), (10, "b.example.test"), (5, "first.example.test"), (20, "last.example.test")]},
-        "a.example.test": {"A": ["127.0.0.1"]},
-        "b.example.test": {"A": ["127.0.0.2"]},
-        "first.example.test": {"A": ["127.0.0.3"]},
-        "last.example.test": {"A": ["127.0.0.4"]},
-    })
+    dns_server.zone = DNSZone(
+        {
+            "example.test": {
+                "MX": [
+                    (10, "a.example.test"),
+                    (10, "b.example.test"),
+                    (5, "first.example.test"),
+                    (20, "last.example.test"),
+                ]
+            },
+            "a.example.test": {"A": ["127.0.0.1"]},
+            "b.example.test": {"A": ["127.0.0.2"]},
+            "first.example.test": {"A": ["127.0.0.3"]},
+            "last.example.test": {"A": ["127.0.0.4"]},
+        }
+    )
     orders = set()
     for seed in range(20):
         names = tuple(h.name for h in resolver_for(dns_server, seed=seed).destinations("example.test").hosts)
@@ -91,10 +107,12 @@ def test_equal_preferences_in_random_order(dns_server: LoopbackDNSServer) -> Non
 
 
 def test_without_a_given_rng_the_order_still_varies(dns_server: LoopbackDNSServer) -> None:
-    dns_server.zone = DNSZone({
-        "example.test": {"MX": [(10, f"mx{i}.example.test") for i in range(6)]},
-        **{f"mx{i}.example.test": {"A": [f"127.0.0.{i + 1}"]} for i in range(6)},
-    })
+    dns_server.zone = DNSZone(
+        {
+            "example.test": {"MX": [(10, f"mx{i}.example.test") for i in range(6)]},
+            **{f"mx{i}.example.test": {"A": [f"127.0.0.{i + 1}"]} for i in range(6)},
+        }
+    )
     resolver = resolver_for(dns_server, seed=None, address_limit=6)
     orders = {tuple(h.name for h in resolver.destinations("example.test").hosts) for _ in range(10)}
     assert len(orders) > 1
@@ -102,11 +120,13 @@ def test_without_a_given_rng_the_order_still_varies(dns_server: LoopbackDNSServe
 
 
 def test_a_before_aaaa_for_each_mx_host(dns_server: LoopbackDNSServer) -> None:
-    dns_server.zone = DNSZone({
-        "example.test": {"MX": [(10, "mx1.example.test"), (20, "mx2.example.test")]},
-        "mx1.example.test": {"A": ["127.0.0.1", "127.0.0.2"], "AAAA": ["::1"]},
-        "mx2.example.test": {"AAAA": ["2001:db8::25"]},
-    })
+    dns_server.zone = DNSZone(
+        {
+            "example.test": {"MX": [(10, "mx1.example.test"), (20, "mx2.example.test")]},
+            "mx1.example.test": {"A": ["127.0.0.1", "127.0.0.2"], "AAAA": ["::1"]},
+            "mx2.example.test": {"AAAA": ["2001:db8::25"]},
+        }
+    )
     result = resolver_for(dns_server).destinations("example.test")
     assert result.failure is None
     assert result.hosts == (
@@ -119,19 +139,23 @@ def test_a_before_aaaa_for_each_mx_host(dns_server: LoopbackDNSServer) -> None:
 
 
 def test_mx_host_names_lose_the_final_dot_and_case(dns_server: LoopbackDNSServer) -> None:
-    dns_server.zone = DNSZone({
-        "example.test": {"MX": [(10, "MX1.Example.Test.")]},
-        "mx1.example.test": {"A": ["127.0.0.1"]},
-    })
+    dns_server.zone = DNSZone(
+        {
+            "example.test": {"MX": [(10, "MX1.Example.Test.")]},
+            "mx1.example.test": {"A": ["127.0.0.1"]},
+        }
+    )
     assert resolver_for(dns_server).destinations("Example.TEST.").hosts == (host("mx1.example.test", "127.0.0.1"),)
 
 
 def test_an_address_is_tried_once_even_when_two_mx_hosts_share_it(dns_server: LoopbackDNSServer) -> None:
-    dns_server.zone = DNSZone({
-        "example.test": {"MX": [(10, "mx1.example.test"), (20, "mx2.example.test")]},
-        "mx1.example.test": {"A": ["127.0.0.1"]},
-        "mx2.example.test": {"A": ["127.0.0.1", "127.0.0.2"]},
-    })
+    dns_server.zone = DNSZone(
+        {
+            "example.test": {"MX": [(10, "mx1.example.test"), (20, "mx2.example.test")]},
+            "mx1.example.test": {"A": ["127.0.0.1"]},
+            "mx2.example.test": {"A": ["127.0.0.1", "127.0.0.2"]},
+        }
+    )
     assert resolver_for(dns_server).destinations("example.test").hosts == (
         host("mx1.example.test", "127.0.0.1"),
         host("mx2.example.test", "127.0.0.2"),
@@ -139,17 +163,21 @@ def test_an_address_is_tried_once_even_when_two_mx_hosts_share_it(dns_server: Lo
 
 
 def test_mx_hosts_without_an_address_are_skipped(dns_server: LoopbackDNSServer) -> None:
-    dns_server.zone = DNSZone({
-        "example.test": {"MX": [
-            (10, "missing.example.test"),  # NXDOMAIN
-            (20, "empty.example.test"),  # exists, no A nor AAAA
-            (30, "broken.example.test"),  # SERVFAIL
-            (40, "mx.example.test"),
-        ]},
-        "empty.example.test": {},
-        "broken.example.test": "SERVFAIL",
-        "mx.example.test": {"A": ["127.0.0.1"]},
-    })
+    dns_server.zone = DNSZone(
+        {
+            "example.test": {
+                "MX": [
+                    (10, "missing.example.test"),  # NXDOMAIN
+                    (20, "empty.example.test"),  # exists, no A nor AAAA
+                    (30, "broken.example.test"),  # SERVFAIL
+                    (40, "mx.example.test"),
+                ]
+            },
+            "empty.example.test": {},
+            "broken.example.test": "SERVFAIL",
+            "mx.example.test": {"A": ["127.0.0.1"]},
+        }
+    )
     result = resolver_for(dns_server).destinations("example.test")
     assert result.failure is None
     assert result.hosts == (host("mx.example.test", "127.0.0.1"),)
@@ -158,20 +186,24 @@ def test_mx_hosts_without_an_address_are_skipped(dns_server: LoopbackDNSServer) 
 
 
 def test_no_mx_host_with_an_address_is_deferred(dns_server: LoopbackDNSServer) -> None:
-    dns_server.zone = DNSZone({
-        "example.test": {"MX": [(10, "missing.example.test"), (20, "empty.example.test")], "A": ["127.0.0.9"]},
-        "empty.example.test": {},
-    })
+    dns_server.zone = DNSZone(
+        {
+            "example.test": {"MX": [(10, "missing.example.test"), (20, "empty.example.test")], "A": ["127.0.0.9"]},
+            "empty.example.test": {},
+        }
+    )
     result = resolver_for(dns_server).destinations("example.test")
     # Never the domain's own address: it has MX records.
     assert_failure(result, RecipientStatus.DEFERRED, "4.4.3", "example.test", "No MX host")
 
 
 def test_no_mx_host_with_an_address_after_a_timeout_says_so(dns_server: LoopbackDNSServer) -> None:
-    dns_server.zone = DNSZone({
-        "example.test": {"MX": [(10, "slow.example.test")]},
-        "slow.example.test": "TIMEOUT",
-    })
+    dns_server.zone = DNSZone(
+        {
+            "example.test": {"MX": [(10, "slow.example.test")]},
+            "slow.example.test": "TIMEOUT",
+        }
+    )
     started = time.monotonic()
     result = resolver_for(dns_server, timeout=0.5).destinations("example.test")
     assert time.monotonic() - started < 2
@@ -230,10 +262,12 @@ def test_null_mx_fails_without_any_further_lookup(dns_server: LoopbackDNSServer)
 
 
 def test_a_root_exchange_beside_real_mx_hosts_is_ignored(dns_server: LoopbackDNSServer) -> None:
-    dns_server.zone = DNSZone({
-        "example.test": {"MX": [(0, "."), (10, "mx.example.test")]},
-        "mx.example.test": {"A": ["127.0.0.1"]},
-    })
+    dns_server.zone = DNSZone(
+        {
+            "example.test": {"MX": [(0, "."), (10, "mx.example.test")]},
+            "mx.example.test": {"A": ["127.0.0.1"]},
+        }
+    )
     assert resolver_for(dns_server).destinations("example.test").hosts == (host("mx.example.test", "127.0.0.1"),)
 
 
@@ -265,10 +299,13 @@ def test_a_slow_server_is_deferred_within_the_timeout(dns_server: LoopbackDNSSer
 
 def test_the_timeout_bounds_the_whole_resolution(dns_server: LoopbackDNSServer) -> None:
     # Each lookup takes 0.3 s; six MX hosts need 13 of them, close to 4 s.
-    dns_server.zone = DNSZone({
-        "example.test": {"MX": [(i, f"mx{i}.example.test") for i in range(6)]},
-        **{f"mx{i}.example.test": {"A": [f"127.0.0.{i + 1}"]} for i in range(6)},
-    }, delay=0.3)
+    dns_server.zone = DNSZone(
+        {
+            "example.test": {"MX": [(i, f"mx{i}.example.test") for i in range(6)]},
+            **{f"mx{i}.example.test": {"A": [f"127.0.0.{i + 1}"]} for i in range(6)},
+        },
+        delay=0.3,
+    )
     started = time.monotonic()
     result = resolver_for(dns_server, timeout=1.0).destinations("example.test")
     assert time.monotonic() - started < 2.2
@@ -315,7 +352,9 @@ def test_address_literal_is_the_host_without_dns(dns_server: LoopbackDNSServer, 
     assert dns_server.queries == []
 
 
-@pytest.mark.parametrize("domain", ["[300.1.2.3]", "[IPv6:192.0.2.1]", "[x-tag:anything]", "[::1]", "[IPv6:fe80::1%eth0]"])
+@pytest.mark.parametrize(
+    "domain", ["[300.1.2.3]", "[IPv6:192.0.2.1]", "[x-tag:anything]", "[::1]", "[IPv6:fe80::1%eth0]"]
+)
 def test_other_address_literals_fail(dns_server: LoopbackDNSServer, domain: str) -> None:
     result = resolver_for(dns_server).destinations(domain)
     assert_failure(result, RecipientStatus.FAILED, "5.1.2", domain)
@@ -323,10 +362,12 @@ def test_other_address_literals_fail(dns_server: LoopbackDNSServer, domain: str)
 
 
 def test_internationalized_domain_is_looked_up_as_a_labels(dns_server: LoopbackDNSServer) -> None:
-    dns_server.zone = DNSZone({
-        "xn--bcher-kva.test": {"MX": [(10, "xn--mx-fka.xn--bcher-kva.test")]},
-        "xn--mx-fka.xn--bcher-kva.test": {"A": ["127.0.0.1"]},
-    })
+    dns_server.zone = DNSZone(
+        {
+            "xn--bcher-kva.test": {"MX": [(10, "xn--mx-fka.xn--bcher-kva.test")]},
+            "xn--mx-fka.xn--bcher-kva.test": {"A": ["127.0.0.1"]},
+        }
+    )
     result = resolver_for(dns_server).destinations("Bücher.test")
     assert result.hosts == (host("xn--mx-fka.xn--bcher-kva.test", "127.0.0.1"),)
     assert dns_server.queries[0] == ("xn--bcher-kva.test", "MX")
@@ -366,6 +407,8 @@ def test_the_server_answers_over_tcp_too(dns_server: LoopbackDNSServer) -> None:
     import dns.query
 
     dns_server.zone = DNSZone({"example.test": {"A": ["127.0.0.1"]}})
-    response = dns.query.tcp(dns.message.make_query("example.test", "A"), dns_server.address, port=dns_server.port, timeout=5)
+    response = dns.query.tcp(
+        dns.message.make_query("example.test", "A"), dns_server.address, port=dns_server.port, timeout=5
+    )
     assert [r.address for r in response.answer[0]] == ["127.0.0.1"]
     assert dns_server.setting == f"127.0.0.1:{dns_server.port}"

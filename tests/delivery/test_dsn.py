@@ -39,7 +39,9 @@ def make_item(*, sender: str = "alice@example.com", addresses: tuple[str, ...] =
     )
 
 
-def rejected(address: str = "bob@example.org", *, text: str = "User unknown", action: DSNKind = "failed") -> ReportedRecipient:
+def rejected(
+    address: str = "bob@example.org", *, text: str = "User unknown", action: DSNKind = "failed"
+) -> ReportedRecipient:
     code, status = (550, "5.1.1") if action == "failed" else (451, "4.3.0")
     return ReportedRecipient(
         address=address,
@@ -109,7 +111,9 @@ def lines_of(data: bytes) -> list[bytes]:
 
 class TestFailed:
     def test_headers_of_the_report(self):
-        report = parse(build([rejected(), unresolved()], item=make_item(addresses=("bob@example.org", "carol@nowhere.example"))))
+        report = parse(
+            build([rejected(), unresolved()], item=make_item(addresses=("bob@example.org", "carol@nowhere.example")))
+        )
 
         assert report["From"].addresses[0].addr_spec == f"MAILER-DAEMON@{MTA}"
         assert report["From"].addresses[0].display_name == "Mail Delivery System"
@@ -170,12 +174,17 @@ class TestFailed:
 
     def test_status_the_reply_text_already_carries_is_not_repeated(self):
         report = parse(build([rejected(text="5.1.1 <bob@example.org>: Recipient address rejected")]))
-        assert status_blocks(report)[1]["Diagnostic-Code"] == "smtp; 550 5.1.1 <bob@example.org>: Recipient address rejected"
+        assert (
+            status_blocks(report)[1]["Diagnostic-Code"]
+            == "smtp; 550 5.1.1 <bob@example.org>: Recipient address rejected"
+        )
 
 
 class TestDelayed:
     def test_delayed_report(self):
-        report = parse(build([rejected(action="delayed", text="Greylisted, try later")], kind="delayed", will_retry_until=UNTIL))
+        report = parse(
+            build([rejected(action="delayed", text="Greylisted, try later")], kind="delayed", will_retry_until=UNTIL)
+        )
 
         assert str(report["Subject"]) == "Delayed Mail (still being retried)"
         assert str(report["Auto-Submitted"]) == "auto-replied"

@@ -41,7 +41,16 @@ Servers = Callable[..., SMTPTestServer]
 
 
 def timeouts(**steps: float) -> Timeouts:
-    values = {"connect": 5, "greeting": 5, "mail": 5, "rcpt": 5, "data": 5, "data_block": 5, "data_end": 5, "session": 60}
+    values = {
+        "connect": 5,
+        "greeting": 5,
+        "mail": 5,
+        "rcpt": 5,
+        "data": 5,
+        "data_block": 5,
+        "data_end": 5,
+        "session": 60,
+    }
     return Timeouts(**{**values, **steps})
 
 
@@ -80,7 +89,9 @@ def mx(server: SMTPTestServer, name: str = "mx.test") -> Host:
     return Host(name=name, address="127.0.0.1", port=server.port)
 
 
-def envelope(*recipients: str, sender: str = "sender@example.com", message: bytes = MESSAGE, item_id: str = "item-1") -> Envelope:
+def envelope(
+    *recipients: str, sender: str = "sender@example.com", message: bytes = MESSAGE, item_id: str = "item-1"
+) -> Envelope:
     return Envelope(item_id=item_id, sender=sender, recipients=recipients or ("ann@example.org",), message=message)
 
 
@@ -141,12 +152,19 @@ def test_a_duplicate_recipient_is_sent_once(smtp_server: SMTPTestServer, transpo
 
 
 def test_each_rcpt_reply_is_kept(smtp_servers: Servers, transport: SMTPTransport):
-    server = smtp_servers(rcpt_replies={"bad@example.org": "550 5.1.1 No such user", "later@example.org": "451 4.3.0 Try later"})
+    server = smtp_servers(
+        rcpt_replies={"bad@example.org": "550 5.1.1 No such user", "later@example.org": "451 4.3.0 Try later"}
+    )
     delivery = transport.deliver(
         envelope("ann@example.org", "bad@example.org", "later@example.org"), route=MX, hosts=[mx(server)]
     )
     bad, later = delivery.outcomes["bad@example.org"], delivery.outcomes["later@example.org"]
-    assert (bad.status, bad.reply.code, bad.reply.status, bad.reply.text) == (FAILED, 550, "5.1.1", "5.1.1 No such user")
+    assert (bad.status, bad.reply.code, bad.reply.status, bad.reply.text) == (
+        FAILED,
+        550,
+        "5.1.1",
+        "5.1.1 No such user",
+    )
     assert (later.status, later.reply.code, later.reply.status) == (DEFERRED, 451, "4.3.0")
     assert delivery.outcomes["ann@example.org"].status is DELIVERED
     assert server.messages[0].rcpt_tos == ["ann@example.org"]
@@ -202,7 +220,9 @@ def test_a_mail_reply_decides_every_recipient(smtp_servers: Servers, transport: 
 
 def test_a_pipelining_server_gets_mail_rcpt_and_data_in_one_write(smtp_servers: Servers, transport: SMTPTransport):
     server = smtp_servers(rcpt_replies={"bad@example.org": "550 5.1.1 No such user"})
-    delivery = transport.deliver(envelope("a@example.org", "bad@example.org", "b@example.org"), route=MX, hosts=[mx(server)])
+    delivery = transport.deliver(
+        envelope("a@example.org", "bad@example.org", "b@example.org"), route=MX, hosts=[mx(server)]
+    )
     assert statuses(delivery) == {"a@example.org": DELIVERED, "bad@example.org": FAILED, "b@example.org": DELIVERED}
     assert delivery.outcomes["bad@example.org"].reply.code == 550
     assert [m.rcpt_tos for m in server.messages] == [["a@example.org", "b@example.org"]]
@@ -220,7 +240,9 @@ def test_pipelined_data_is_refused_when_no_recipient_is_accepted(smtp_servers: S
     assert server.verbs() == ["EHLO", "MAIL", "RCPT", "DATA", "RSET", "MAIL", "RCPT", "DATA"]
 
 
-def test_pipelined_452_leaves_each_refused_recipient_for_the_next_transaction(smtp_servers: Servers, transport: SMTPTransport):
+def test_pipelined_452_leaves_each_refused_recipient_for_the_next_transaction(
+    smtp_servers: Servers, transport: SMTPTransport
+):
     server = smtp_servers(max_recipients=2)
     recipients = [f"r{i}@example.org" for i in range(5)]
     delivery = transport.deliver(envelope(*recipients), route=MX, hosts=[mx(server)])
@@ -255,7 +277,9 @@ def test_a_pipelined_mail_reply_decides_every_recipient(smtp_servers: Servers, t
 
 
 @pytest.mark.parametrize(("reply", "status"), [("451 4.3.0 Later", DEFERRED), ("554 5.5.0 No DATA for you", FAILED)])
-def test_the_reply_to_data_decides_the_accepted_recipients(smtp_servers: Servers, transport: SMTPTransport, reply, status):
+def test_the_reply_to_data_decides_the_accepted_recipients(
+    smtp_servers: Servers, transport: SMTPTransport, reply, status
+):
     server = smtp_servers(data_reply=reply, rcpt_replies={"bad@example.org": "550 5.1.1 No such user"})
     delivery = transport.deliver(envelope("a@example.org", "bad@example.org"), route=MX, hosts=[mx(server)])
     assert delivery.outcomes["a@example.org"].status is status
@@ -266,11 +290,19 @@ def test_the_reply_to_data_decides_the_accepted_recipients(smtp_servers: Servers
 
 @pytest.mark.parametrize(
     ("reply", "status"),
-    [("250 2.0.0 Ok: queued as 12345", DELIVERED), ("452 4.3.1 Insufficient storage", DEFERRED), ("554 5.6.0 Spam", FAILED)],
+    [
+        ("250 2.0.0 Ok: queued as 12345", DELIVERED),
+        ("452 4.3.1 Insufficient storage", DEFERRED),
+        ("554 5.6.0 Spam", FAILED),
+    ],
 )
-def test_the_reply_after_the_dot_decides_the_accepted_recipients(smtp_servers: Servers, transport: SMTPTransport, reply, status):
+def test_the_reply_after_the_dot_decides_the_accepted_recipients(
+    smtp_servers: Servers, transport: SMTPTransport, reply, status
+):
     server = smtp_servers(message_reply=reply, rcpt_replies={"later@example.org": "450 4.2.1 Busy"})
-    delivery = transport.deliver(envelope("a@example.org", "b@example.org", "later@example.org"), route=MX, hosts=[mx(server)])
+    delivery = transport.deliver(
+        envelope("a@example.org", "b@example.org", "later@example.org"), route=MX, hosts=[mx(server)]
+    )
     for address in ("a@example.org", "b@example.org"):
         outcome = delivery.outcomes[address]
         assert (outcome.status, outcome.reply.code, outcome.reply.text) == (status, int(reply[:3]), reply[4:])
@@ -278,9 +310,13 @@ def test_the_reply_after_the_dot_decides_the_accepted_recipients(smtp_servers: S
 
 
 @pytest.mark.parametrize("pipelining", [False, True])
-def test_a_421_defers_what_is_undecided_and_drops_the_connection(smtp_servers: Servers, transport: SMTPTransport, pipelining):
+def test_a_421_defers_what_is_undecided_and_drops_the_connection(
+    smtp_servers: Servers, transport: SMTPTransport, pipelining
+):
     server = smtp_servers(rcpt_replies={"b@example.org": "421 4.3.2 Shutting down"}, pipelining=pipelining)
-    delivery = transport.deliver(envelope("a@example.org", "b@example.org", "c@example.org"), route=MX, hosts=[mx(server)])
+    delivery = transport.deliver(
+        envelope("a@example.org", "b@example.org", "c@example.org"), route=MX, hosts=[mx(server)]
+    )
     assert only_reply(delivery) == (DEFERRED, 421, "4.3.2", "4.3.2 Shutting down")
     if not pipelining:
         assert "DATA" not in server.verbs()
@@ -341,8 +377,13 @@ def test_every_host_refused_defers_441(transport: SMTPTransport):
 @pytest.mark.parametrize(
     ("greeting", "status"), [("554 5.7.1 You are not welcome", FAILED), ("421 4.7.0 Try again later", DEFERRED)]
 )
-def test_the_last_hosts_greeting_decides_when_every_host_failed(smtp_servers: Servers, transport: SMTPTransport, greeting, status):
-    hosts = [Host(name="mx1.test", address="127.0.0.1", port=closed_port()), mx(smtp_servers(greeting=greeting), "mx2.test")]
+def test_the_last_hosts_greeting_decides_when_every_host_failed(
+    smtp_servers: Servers, transport: SMTPTransport, greeting, status
+):
+    hosts = [
+        Host(name="mx1.test", address="127.0.0.1", port=closed_port()),
+        mx(smtp_servers(greeting=greeting), "mx2.test"),
+    ]
     delivery = transport.deliver(envelope(), route=MX, hosts=hosts)
     assert only_reply(delivery) == (status, int(greeting[:3]), greeting[4:9], greeting[4:])
     assert delivery.remote_host == "mx2.test"
@@ -355,7 +396,9 @@ def test_no_host_defers_444(transport: SMTPTransport):
 
 def test_helo_when_ehlo_is_refused(smtp_servers: Servers, transport: SMTPTransport):
     server = smtp_servers(ehlo_reply="502 5.5.2 Command not recognized")
-    delivery = transport.deliver(envelope(message=b"Subject: x\r\n\r\n\xc3\xa9t\xc3\xa9\r\n"), route=MX, hosts=[mx(server)])
+    delivery = transport.deliver(
+        envelope(message=b"Subject: x\r\n\r\n\xc3\xa9t\xc3\xa9\r\n"), route=MX, hosts=[mx(server)]
+    )
     assert only_reply(delivery)[0] is DELIVERED
     assert server.verbs() == ["EHLO", "HELO", "MAIL", "RCPT", "DATA"]
     assert server.messages[0].mail_options == []  # no SIZE, no BODY without ESMTP
@@ -364,7 +407,9 @@ def test_helo_when_ehlo_is_refused(smtp_servers: Servers, transport: SMTPTranspo
 # -- TLS -----------------------------------------------------------------------------
 
 
-def test_mx_uses_starttls_when_offered_without_verifying(smtp_servers: Servers, transports: Callable[..., SMTPTransport]):
+def test_mx_uses_starttls_when_offered_without_verifying(
+    smtp_servers: Servers, transports: Callable[..., SMTPTransport]
+):
     stranger = make_tls("mx.test")  # a CA the client does not trust
     server = smtp_servers(tls=stranger.server_context)
     transport = transports(ssl_context=None)
@@ -379,7 +424,9 @@ def test_mx_stays_plain_when_starttls_is_not_offered(smtp_server: SMTPTestServer
     assert "STARTTLS" not in smtp_server.verbs()
 
 
-def test_mx_falls_back_to_plain_text_when_the_handshake_fails(smtp_servers: Servers, smtp_tls: TestTLS, transport: SMTPTransport):
+def test_mx_falls_back_to_plain_text_when_the_handshake_fails(
+    smtp_servers: Servers, smtp_tls: TestTLS, transport: SMTPTransport
+):
     server = smtp_servers(tls=smtp_tls.server_context, drop_at="STARTTLS")
     delivery = transport.deliver(envelope(), route=MX, hosts=[mx(server)])
     assert only_reply(delivery)[0] is DELIVERED
@@ -387,14 +434,18 @@ def test_mx_falls_back_to_plain_text_when_the_handshake_fails(smtp_servers: Serv
     assert server.verbs(2) == ["EHLO", "MAIL", "RCPT", "DATA"]
 
 
-def test_mx_opportunistic_goes_on_in_plain_text_when_starttls_is_refused(smtp_servers: Servers, smtp_tls: TestTLS, transport: SMTPTransport):
+def test_mx_opportunistic_goes_on_in_plain_text_when_starttls_is_refused(
+    smtp_servers: Servers, smtp_tls: TestTLS, transport: SMTPTransport
+):
     server = smtp_servers(tls=smtp_tls.server_context, starttls_reply="454 4.7.0 TLS not available")
     delivery = transport.deliver(envelope(), route=MX, hosts=[mx(server)])
     assert only_reply(delivery)[0] is DELIVERED
     assert server.verbs() == ["EHLO", "STARTTLS", "MAIL", "RCPT", "DATA"]
 
 
-def test_mx_with_tls_required_defers_when_starttls_is_not_offered(smtp_server: SMTPTestServer, transport: SMTPTransport):
+def test_mx_with_tls_required_defers_when_starttls_is_not_offered(
+    smtp_server: SMTPTestServer, transport: SMTPTransport
+):
     delivery = transport.deliver(envelope(), route=Route(type="mx", tls_required=True), hosts=[mx(smtp_server)])
     status, code, enhanced, text = only_reply(delivery)
     assert (status, code, enhanced) == (DEFERRED, None, "4.7.0")
@@ -403,14 +454,18 @@ def test_mx_with_tls_required_defers_when_starttls_is_not_offered(smtp_server: S
     assert delivery.remote_host == "mx.test"
 
 
-def test_smarthost_starttls_verifies_the_certificate(smtp_servers: Servers, smtp_tls: TestTLS, transport: SMTPTransport):
+def test_smarthost_starttls_verifies_the_certificate(
+    smtp_servers: Servers, smtp_tls: TestTLS, transport: SMTPTransport
+):
     server = smtp_servers(tls=smtp_tls.server_context)
     delivery = transport.deliver(envelope(), route=smarthost(server), hosts=[Host(name="127.0.0.1", port=server.port)])
     assert only_reply(delivery)[0] is DELIVERED
     assert "STARTTLS" in server.verbs()
 
 
-def test_smarthost_starttls_defers_on_a_certificate_that_does_not_verify(smtp_servers: Servers, smtp_tls: TestTLS, transport: SMTPTransport):
+def test_smarthost_starttls_defers_on_a_certificate_that_does_not_verify(
+    smtp_servers: Servers, smtp_tls: TestTLS, transport: SMTPTransport
+):
     server = smtp_servers(tls=smtp_tls.server_context)
     wrong_name = Host(name="other.test", address="127.0.0.1", port=server.port)
     delivery = transport.deliver(envelope(), route=smarthost(server), hosts=[wrong_name])
@@ -428,12 +483,16 @@ def test_smarthost_starttls_is_required(smtp_servers: Servers, smtp_tls: TestTLS
     delivery = transport.deliver(envelope(), route=smarthost(plain), hosts=[Host(name="127.0.0.1", port=plain.port)])
     assert only_reply(delivery)[:3] == (DEFERRED, None, "4.7.0")
     refusing = smtp_servers(tls=smtp_tls.server_context, starttls_reply="454 4.7.0 TLS not available")
-    delivery = transport.deliver(envelope(), route=smarthost(refusing), hosts=[Host(name="127.0.0.1", port=refusing.port)])
+    delivery = transport.deliver(
+        envelope(), route=smarthost(refusing), hosts=[Host(name="127.0.0.1", port=refusing.port)]
+    )
     status, _, enhanced, text = only_reply(delivery)
     assert (status, enhanced) == (DEFERRED, "4.7.0")
     assert "454" in text
     failing = smtp_servers(tls=smtp_tls.server_context, drop_at="STARTTLS")
-    delivery = transport.deliver(envelope(), route=smarthost(failing), hosts=[Host(name="127.0.0.1", port=failing.port)])
+    delivery = transport.deliver(
+        envelope(), route=smarthost(failing), hosts=[Host(name="127.0.0.1", port=failing.port)]
+    )
     assert only_reply(delivery)[:3] == (DEFERRED, None, "4.7.5")
     assert failing.connections == 1  # never again in plain text
     assert not any("MAIL" in s.verbs() for s in (plain, refusing, failing))
@@ -441,21 +500,29 @@ def test_smarthost_starttls_is_required(smtp_servers: Servers, smtp_tls: TestTLS
 
 def test_smarthost_implicit_tls(smtp_servers: Servers, smtp_tls: TestTLS, transport: SMTPTransport):
     server = smtp_servers(tls=smtp_tls.server_context, implicit_tls=True)
-    delivery = transport.deliver(envelope(), route=smarthost(server, tls="implicit"), hosts=[Host(name="localhost", address="127.0.0.1", port=server.port)])
+    delivery = transport.deliver(
+        envelope(),
+        route=smarthost(server, tls="implicit"),
+        hosts=[Host(name="localhost", address="127.0.0.1", port=server.port)],
+    )
     assert only_reply(delivery)[0] is DELIVERED
     assert server.verbs() == ["EHLO", "MAIL", "RCPT", "DATA"]
 
 
 def test_smarthost_implicit_tls_with_an_untrusted_certificate(smtp_servers: Servers, transport: SMTPTransport):
     server = smtp_servers(tls=make_tls().server_context, implicit_tls=True)
-    delivery = transport.deliver(envelope(), route=smarthost(server, tls="implicit"), hosts=[Host(name="127.0.0.1", port=server.port)])
+    delivery = transport.deliver(
+        envelope(), route=smarthost(server, tls="implicit"), hosts=[Host(name="127.0.0.1", port=server.port)]
+    )
     assert only_reply(delivery)[:3] == (DEFERRED, None, "4.7.5")
     assert server.verbs() == []
 
 
 def test_smarthost_without_tls_ignores_starttls(smtp_servers: Servers, smtp_tls: TestTLS, transport: SMTPTransport):
     server = smtp_servers(tls=smtp_tls.server_context)
-    delivery = transport.deliver(envelope(), route=smarthost(server, tls="none"), hosts=[Host(name="127.0.0.1", port=server.port)])
+    delivery = transport.deliver(
+        envelope(), route=smarthost(server, tls="none"), hosts=[Host(name="127.0.0.1", port=server.port)]
+    )
     assert only_reply(delivery)[0] is DELIVERED
     assert "STARTTLS" not in server.verbs()
 
@@ -507,7 +574,9 @@ def test_a_4xx_auth_reply_defers_with_it(smtp_servers: Servers, transport: SMTPT
 
 def test_auth_not_offered_is_a_route_option_error(smtp_server: SMTPTestServer, transport: SMTPTransport):
     route = smarthost(smtp_server, tls="none", username=USER, password=PASSWORD)
-    delivery = transport.deliver(envelope(item_id="item-9"), route=route, hosts=[Host(name="127.0.0.1", port=smtp_server.port)])
+    delivery = transport.deliver(
+        envelope(item_id="item-9"), route=route, hosts=[Host(name="127.0.0.1", port=smtp_server.port)]
+    )
     assert only_reply(delivery)[:3] == (DEFERRED, None, "4.3.5")
     error = delivery.option_error
     assert isinstance(error, RouteOptionError)
@@ -517,7 +586,9 @@ def test_auth_not_offered_is_a_route_option_error(smtp_server: SMTPTestServer, t
     assert "MAIL" not in smtp_server.verbs()
 
 
-def test_a_password_smtplib_cannot_send_is_a_route_option_error(smtp_servers: Servers, transport: SMTPTransport, caplog):
+def test_a_password_smtplib_cannot_send_is_a_route_option_error(
+    smtp_servers: Servers, transport: SMTPTransport, caplog
+):
     caplog.set_level(logging.DEBUG, logger="bumail_queue")
     password = "test-pässwörd-sécret"
     server = smtp_servers(auth=(USER, password))
@@ -555,7 +626,9 @@ def test_mail_says_the_size_when_size_is_offered(smtp_servers: Servers, transpor
 
 def test_a_message_larger_than_the_servers_size_fails_534(smtp_servers: Servers, transport: SMTPTransport):
     server = smtp_servers(size_limit=1000)
-    delivery = transport.deliver(envelope("a@example.org", "b@example.org", message=b"x" * 2000), route=MX, hosts=[mx(server)])
+    delivery = transport.deliver(
+        envelope("a@example.org", "b@example.org", message=b"x" * 2000), route=MX, hosts=[mx(server)]
+    )
     status, code, enhanced, text = only_reply(delivery)
     assert (status, code, enhanced) == (FAILED, None, "5.3.4")
     assert "1000" in text
@@ -563,7 +636,9 @@ def test_a_message_larger_than_the_servers_size_fails_534(smtp_servers: Servers,
 
 
 def test_smtputf8_when_an_address_needs_it(smtp_server: SMTPTestServer, transport: SMTPTransport):
-    delivery = transport.deliver(envelope("élodie@example.org", sender="jörg@bücher.example"), route=MX, hosts=[mx(smtp_server)])
+    delivery = transport.deliver(
+        envelope("élodie@example.org", sender="jörg@bücher.example"), route=MX, hosts=[mx(smtp_server)]
+    )
     assert only_reply(delivery)[0] is DELIVERED
     received = smtp_server.messages[0]
     assert "SMTPUTF8" in received.mail_options
@@ -582,7 +657,9 @@ def test_without_smtputf8_a_utf8_recipient_fails_567_alone(smtp_servers: Servers
 
 def test_without_smtputf8_a_utf8_sender_fails_everyone_567(smtp_servers: Servers, transport: SMTPTransport):
     server = smtp_servers(smtputf8=False)
-    delivery = transport.deliver(envelope("ann@example.org", "bob@example.org", sender="jörg@bücher.example"), route=MX, hosts=[mx(server)])
+    delivery = transport.deliver(
+        envelope("ann@example.org", "bob@example.org", sender="jörg@bücher.example"), route=MX, hosts=[mx(server)]
+    )
     assert only_reply(delivery)[:3] == (FAILED, None, "5.6.7")
     assert "MAIL" not in server.verbs()
 
@@ -592,7 +669,10 @@ def test_body_8bitmime_for_an_8bit_message(smtp_servers: Servers, transport: SMT
     server = smtp_servers()
     transport.deliver(envelope(message=eight_bit), route=MX, hosts=[mx(server)])
     transport.deliver(envelope(), route=MX, hosts=[mx(server)])
-    assert [m.mail_options for m in server.messages] == [[f"SIZE={len(eight_bit)}", "BODY=8BITMIME"], [f"SIZE={len(MESSAGE)}"]]
+    assert [m.mail_options for m in server.messages] == [
+        [f"SIZE={len(eight_bit)}", "BODY=8BITMIME"],
+        [f"SIZE={len(MESSAGE)}"],
+    ]
     old = smtp_servers(eightbitmime=False)
     delivery = transport.deliver(envelope(message=eight_bit), route=MX, hosts=[mx(old)])
     assert only_reply(delivery)[0] is DELIVERED
@@ -603,7 +683,9 @@ def test_body_8bitmime_for_an_8bit_message(smtp_servers: Servers, transport: SMT
 # -- addresses smtplib would refuse --------------------------------------------------
 
 
-@pytest.mark.parametrize("bad", ["bad\r\nRCPT TO:<x@example.org>@example.org", "nul\x00@example.org", "tab\t@example.org", "no-at-sign"])
+@pytest.mark.parametrize(
+    "bad", ["bad\r\nRCPT TO:<x@example.org>@example.org", "nul\x00@example.org", "tab\t@example.org", "no-at-sign"]
+)
 def test_a_recipient_that_cannot_be_sent_fails_513_alone(smtp_server: SMTPTestServer, transport: SMTPTransport, bad):
     delivery = transport.deliver(envelope("ann@example.org", bad), route=MX, hosts=[mx(smtp_server)])
     outcome = delivery.outcomes[bad]
@@ -614,7 +696,9 @@ def test_a_recipient_that_cannot_be_sent_fails_513_alone(smtp_server: SMTPTestSe
 
 
 def test_a_sender_that_cannot_be_sent_fails_every_recipient_517(smtp_server: SMTPTestServer, transport: SMTPTransport):
-    delivery = transport.deliver(envelope("a@example.org", "b@example.org", sender="me\r\n@example.com"), route=MX, hosts=[mx(smtp_server)])
+    delivery = transport.deliver(
+        envelope("a@example.org", "b@example.org", sender="me\r\n@example.com"), route=MX, hosts=[mx(smtp_server)]
+    )
     assert only_reply(delivery)[:3] == (FAILED, None, "5.1.7")
     assert delivery.remote_host is None
     assert smtp_server.connections == 0
@@ -625,9 +709,18 @@ def test_a_sender_that_cannot_be_sent_fails_every_recipient_517(smtp_server: SMT
 
 @pytest.mark.parametrize(
     ("step", "timeout"),
-    [("greeting", "greeting"), ("EHLO", "greeting"), ("MAIL", "mail"), ("RCPT", "rcpt"), ("DATA", "data"), ("DATA_END", "data_end")],
+    [
+        ("greeting", "greeting"),
+        ("EHLO", "greeting"),
+        ("MAIL", "mail"),
+        ("RCPT", "rcpt"),
+        ("DATA", "data"),
+        ("DATA_END", "data_end"),
+    ],
 )
-def test_a_stalled_step_times_out_with_its_own_timeout(smtp_servers: Servers, transports: Callable[..., SMTPTransport], step, timeout):
+def test_a_stalled_step_times_out_with_its_own_timeout(
+    smtp_servers: Servers, transports: Callable[..., SMTPTransport], step, timeout
+):
     server = smtp_servers(stall_at=step)
     transport = transports(timeouts=timeouts(**{timeout: 0.5}))
     started = time.monotonic()
@@ -670,7 +763,9 @@ def test_the_session_timeout_bounds_the_whole_delivery(smtp_servers: Servers, tr
     assert only_reply(delivery)[:3] == (DEFERRED, None, "4.4.2")
 
 
-def test_a_session_past_its_deadline_stops_before_the_next_step(smtp_server: SMTPTestServer, transports: Callable[..., SMTPTransport]):
+def test_a_session_past_its_deadline_stops_before_the_next_step(
+    smtp_server: SMTPTestServer, transports: Callable[..., SMTPTransport]
+):
     clock = FakeClock()
 
     def ticking() -> float:
@@ -702,7 +797,9 @@ def test_a_dropped_connection_defers_442(smtp_servers: Servers, transport: SMTPT
     assert transport.pooled_count() == 0
 
 
-def test_a_connection_dropped_before_the_greeting_moves_to_the_next_host(smtp_servers: Servers, transport: SMTPTransport):
+def test_a_connection_dropped_before_the_greeting_moves_to_the_next_host(
+    smtp_servers: Servers, transport: SMTPTransport
+):
     dropping, good = smtp_servers(drop_at="greeting"), smtp_servers()
     delivery = transport.deliver(envelope(), route=MX, hosts=[mx(dropping, "mx1.test")])
     assert only_reply(delivery)[:3] == (DEFERRED, None, "4.4.2")
@@ -735,7 +832,9 @@ def test_no_reuse_quits_after_each_envelope(smtp_server: SMTPTestServer, transpo
     assert transport.pooled_count() == 0
 
 
-def test_a_connection_idle_too_long_is_not_reused(smtp_server: SMTPTestServer, transports: Callable[..., SMTPTransport]):
+def test_a_connection_idle_too_long_is_not_reused(
+    smtp_server: SMTPTestServer, transports: Callable[..., SMTPTransport]
+):
     clock = FakeClock()
     transport = transports(reuse_seconds=10, clock=clock)
     transport.deliver(envelope(), route=MX, hosts=[mx(smtp_server)])
@@ -761,7 +860,9 @@ def test_close_idle_closes_only_what_idled_too_long(smtp_servers: Servers, trans
 
 @pytest.mark.parametrize("pipelining", [True, False])
 @pytest.mark.parametrize("knobs", [{"drop_at": "RSET"}, {"rset_reply": "421 4.4.2 Idle for too long"}])
-def test_a_pooled_connection_that_fails_rset_is_replaced_silently(smtp_server: SMTPTestServer, transport: SMTPTransport, knobs, pipelining):
+def test_a_pooled_connection_that_fails_rset_is_replaced_silently(
+    smtp_server: SMTPTestServer, transport: SMTPTransport, knobs, pipelining
+):
     smtp_server.pipelining = pipelining
     transport.deliver(envelope(), route=MX, hosts=[mx(smtp_server)])
     for name, value in knobs.items():
@@ -776,7 +877,9 @@ def test_connections_are_pooled_per_policy(smtp_servers: Servers, smtp_tls: Test
     server = smtp_servers(auth=(USER, PASSWORD))
     transport.deliver(envelope(), route=MX, hosts=[mx(server)])  # MX: no AUTH, so MAIL is refused
     route = smarthost(server, tls="none", username=USER, password=PASSWORD)
-    delivery = transport.deliver(envelope(), route=route, hosts=[Host(name="mx.test", address="127.0.0.1", port=server.port)])
+    delivery = transport.deliver(
+        envelope(), route=route, hosts=[Host(name="mx.test", address="127.0.0.1", port=server.port)]
+    )
     assert only_reply(delivery)[0] is DELIVERED
     assert server.connections == 2
     assert transport.pooled_count() == 2
@@ -796,7 +899,9 @@ def test_deliver_from_several_threads_at_once(smtp_servers: Servers, transport: 
     with ThreadPoolExecutor(6) as pool:
         results = [d for batch in pool.map(work, range(6)) for d in batch]
     assert all(only_reply(d)[0] is DELIVERED for d in results)
-    assert sorted(r for m in server.messages for r in m.rcpt_tos) == sorted(f"r{n}-{i}@example.org" for n in range(6) for i in range(4))
+    assert sorted(r for m in server.messages for r in m.rcpt_tos) == sorted(
+        f"r{n}-{i}@example.org" for n in range(6) for i in range(4)
+    )
     assert all(len(m.rcpt_tos) == 1 for m in server.messages)
     assert server.connections <= 6
     assert transport.pooled_count() == server.connections

@@ -101,10 +101,7 @@ def envelope(*recipients: str) -> Envelope:
 
 
 def only_reply(delivery: SMTPDelivery) -> tuple[RecipientStatus, int | None, str, str]:
-    found = {
-        (o.status, o.reply.code, o.reply.status, o.reply.text)
-        for o in delivery.outcomes.values()
-    }
+    found = {(o.status, o.reply.code, o.reply.status, o.reply.text) for o in delivery.outcomes.values()}
     assert len(found) == 1, found
     return found.pop()
 
@@ -118,9 +115,7 @@ def dribbled_greeting(peer: Peer) -> None:
     peer.serve_until("QUIT")
 
 
-def test_a_dribbled_greeting_ends_when_session_runs_out(
-    hostile: Hostile, transports: Callable[..., SMTPTransport]
-):
+def test_a_dribbled_greeting_ends_when_session_runs_out(hostile: Hostile, transports: Callable[..., SMTPTransport]):
     server = hostile(dribbled_greeting)
     transport = transports(timeouts=timeouts(greeting=60, session=0.5))
     delivery = transport.deliver(envelope(), route=MX, hosts=[host(server)])
@@ -130,9 +125,7 @@ def test_a_dribbled_greeting_ends_when_session_runs_out(
     assert "waiting for the greeting" in text
     [peer] = server.peers
     assert wait_until(lambda: peer.hung_up or peer.finished)
-    assert (
-        peer.hung_up and not peer.finished
-    )  # the client left before the greeting was over
+    assert peer.hung_up and not peer.finished  # the client left before the greeting was over
 
 
 def test_a_dribbled_greeting_ends_when_its_step_timeout_runs_out(
@@ -230,9 +223,7 @@ def test_an_endless_ehlo_reply_ends_at_100_lines_and_memory_stays_flat(
     server = hostile(flooded_ehlo)
     env = {
         **os.environ,
-        "DJANGO_SETTINGS_MODULE": os.environ.get(
-            "DJANGO_SETTINGS_MODULE", "tests.settings"
-        ),
+        "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "tests.settings"),
     }
     child = subprocess.run(
         [sys.executable, "-c", _DELIVER_IN_A_CHILD, str(server.port)],
@@ -244,9 +235,7 @@ def test_an_endless_ehlo_reply_ends_at_100_lines_and_memory_stays_flat(
     assert result["grew"] < 20 * 1024 * 1024, result
     [peer] = server.peers
     assert wait_until(lambda: peer.hung_up or peer.finished)
-    assert (
-        peer.hung_up and not peer.finished
-    )  # the client left before the flood was over
+    assert peer.hung_up and not peer.finished  # the client left before the flood was over
 
 
 def endless_greeting_line(peer: Peer) -> None:
@@ -275,15 +264,11 @@ def test_a_reply_line_without_end_is_cut_at_2048_octets(
     assert wait_until(lambda: peer.hung_up)
 
 
-def test_a_long_reply_within_the_bounds_is_read(
-    hostile: Hostile, transports: Callable[..., SMTPTransport]
-):
+def test_a_long_reply_within_the_bounds_is_read(hostile: Hostile, transports: Callable[..., SMTPTransport]):
     def script(peer: Peer) -> None:
         peer.send(GREETING)
         peer.read_line()
-        lines = [b"250-hostile.test"] + [
-            b"250-X-" + b"y" * (MAX_REPLY_LINE - 10) for _ in range(MAX_REPLY_LINES - 2)
-        ]
+        lines = [b"250-hostile.test"] + [b"250-X-" + b"y" * (MAX_REPLY_LINE - 10) for _ in range(MAX_REPLY_LINES - 2)]
         peer.send(b"\r\n".join(lines) + b"\r\n250 8BITMIME\r\n")
         peer.serve_until("QUIT")
 
@@ -348,10 +333,7 @@ def test_mx_session_limit_does_not_count_refused_connections(
     smtp_servers: Servers, transports: Callable[..., SMTPTransport]
 ):
     busy, good = smtp_servers(greeting="421 4.3.2 Too busy"), smtp_servers()
-    refused = [
-        Host(name=f"mx{i}.test", address="127.0.0.1", port=closed_port())
-        for i in range(3)
-    ]
+    refused = [Host(name=f"mx{i}.test", address="127.0.0.1", port=closed_port()) for i in range(3)]
     hosts = [
         refused[0],
         host(busy, "mx1.test"),
@@ -364,9 +346,7 @@ def test_mx_session_limit_does_not_count_refused_connections(
     assert delivery.remote_host == "mx2.test"
 
 
-def test_mx_session_limit_can_be_raised(
-    smtp_servers: Servers, transports: Callable[..., SMTPTransport]
-):
+def test_mx_session_limit_can_be_raised(smtp_servers: Servers, transports: Callable[..., SMTPTransport]):
     busy = [smtp_servers(greeting="421 4.3.2 Too busy") for _ in range(2)]
     good = smtp_servers()
     transport = transports(mx_session_limit=3)
@@ -411,18 +391,12 @@ def test_a_refused_auth_that_echoes_the_credentials_keeps_none_of_them(
     smtp_servers: Servers, transports: Callable[..., SMTPTransport], caplog
 ):
     caplog.set_level("DEBUG", logger="bumail_queue")
-    server = smtp_servers(
-        auth=(USER, PASSWORD), auth_reply="535 5.7.8 Refused: " + " ".join(auth_forms())
-    )
-    delivery = transports().deliver(
-        envelope(), route=smarthost(server), hosts=[host(server, "relay.test")]
-    )
+    server = smtp_servers(auth=(USER, PASSWORD), auth_reply="535 5.7.8 Refused: " + " ".join(auth_forms()))
+    delivery = transports().deliver(envelope(), route=smarthost(server), hosts=[host(server, "relay.test")])
     status, code, enhanced, text = only_reply(delivery)
     assert (status, code, enhanced) == (DEFERRED, 535, "4.7.8")
     assert text == "5.7.8 Refused: " + " ".join(["[redacted]"] * 4)
-    ours = " ".join(
-        r.getMessage() for r in caplog.records if r.name.startswith("bumail_queue")
-    )
+    ours = " ".join(r.getMessage() for r in caplog.records if r.name.startswith("bumail_queue"))
     assert "AUTH -> 535" in ours
     for secret in auth_forms():
         assert secret not in ours
@@ -431,12 +405,8 @@ def test_a_refused_auth_that_echoes_the_credentials_keeps_none_of_them(
 def test_a_reply_after_auth_that_echoes_the_password_keeps_none_of_it(
     smtp_servers: Servers, transports: Callable[..., SMTPTransport]
 ):
-    server = smtp_servers(
-        auth=(USER, PASSWORD), mail_reply=f"451 4.3.0 Not now, {PASSWORD}"
-    )
-    delivery = transports().deliver(
-        envelope(), route=smarthost(server), hosts=[host(server, "relay.test")]
-    )
+    server = smtp_servers(auth=(USER, PASSWORD), mail_reply=f"451 4.3.0 Not now, {PASSWORD}")
+    delivery = transports().deliver(envelope(), route=smarthost(server), hosts=[host(server, "relay.test")])
     assert only_reply(delivery) == (DEFERRED, 451, "4.3.0", "4.3.0 Not now, [redacted]")
     assert server.logins == [USER]
 
@@ -451,13 +421,9 @@ def test_the_delivery_says_whether_its_session_ran_over_tls(
     starttls = smtp_servers(tls=smtp_tls.server_context)
     implicit = smtp_servers(tls=smtp_tls.server_context, implicit_tls=True)
     plain = smtp_servers()
-    refusing = smtp_servers(
-        tls=smtp_tls.server_context, mail_reply="550 5.7.1 Not from you"
-    )
+    refusing = smtp_servers(tls=smtp_tls.server_context, mail_reply="550 5.7.1 Not from you")
     assert transport.deliver(envelope(), route=MX, hosts=[host(starttls)]).tls is True
-    implicit_route = Route(
-        type="smarthost", host="localhost", port=implicit.port, tls="implicit"
-    )
+    implicit_route = Route(type="smarthost", host="localhost", port=implicit.port, tls="implicit")
     assert (
         transport.deliver(
             envelope(),

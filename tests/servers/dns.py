@@ -178,7 +178,9 @@ class LoopbackDNSServer:
             udp = DNSServer(resolver, address=ADDRESS, port=0, logger=logger, handler=_Handler, server=_UDPServer)
             port = udp.server.server_address[1]
             try:
-                tcp = DNSServer(resolver, address=ADDRESS, port=port, tcp=True, logger=logger, handler=_Handler, server=_TCPServer)
+                tcp = DNSServer(
+                    resolver, address=ADDRESS, port=port, tcp=True, logger=logger, handler=_Handler, server=_TCPServer
+                )
             except OSError:
                 udp.server.server_close()
                 continue
@@ -189,7 +191,10 @@ class LoopbackDNSServer:
             raise RuntimeError("no free port for both UDP and TCP on loopback")
         for server in self._servers:
             thread = threading.Thread(
-                target=server.server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"test-dns-{self.port}", daemon=True
+                target=server.server.serve_forever,
+                kwargs={"poll_interval": 0.05},
+                name=f"test-dns-{self.port}",
+                daemon=True,
             )
             thread.start()
             self._threads.append(thread)

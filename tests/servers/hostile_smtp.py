@@ -121,11 +121,7 @@ class Peer:
             if verb == stop:
                 return verb
             if verb == "EHLO":
-                self.send(
-                    b"250-hostile.test\r\n"
-                    + (b"250-STARTTLS\r\n" if tls else b"")
-                    + b"250 8BITMIME\r\n"
-                )
+                self.send(b"250-hostile.test\r\n" + (b"250-STARTTLS\r\n" if tls else b"") + b"250 8BITMIME\r\n")
             elif verb == "DATA":
                 self.send(b"354 Go ahead\r\n")
                 while self.read_line() != ".":
@@ -151,9 +147,7 @@ class HostileSMTPServer:
         self.port: int = self._listener.getsockname()[1]
         self._threads: list[threading.Thread] = []
         self._stopped = threading.Event()
-        self._acceptor = threading.Thread(
-            target=self._accept, name=f"hostile-smtp-{self.port}", daemon=True
-        )
+        self._acceptor = threading.Thread(target=self._accept, name=f"hostile-smtp-{self.port}", daemon=True)
         self._acceptor.start()
 
     def _accept(self) -> None:

@@ -87,7 +87,21 @@ from aiosmtpd.smtp import MISSING, SMTP, AuthResult, LoginPassword
 
 _FOREVER = 3600.0
 _STEPS = frozenset(
-    {"greeting", "EHLO", "HELO", "STARTTLS", "AUTH", "MAIL", "RCPT", "DATA", "MESSAGE", "DATA_END", "RSET", "NOOP", "QUIT"}
+    {
+        "greeting",
+        "EHLO",
+        "HELO",
+        "STARTTLS",
+        "AUTH",
+        "MAIL",
+        "RCPT",
+        "DATA",
+        "MESSAGE",
+        "DATA_END",
+        "RSET",
+        "NOOP",
+        "QUIT",
+    }
 )
 
 
@@ -248,7 +262,9 @@ class _Handler:
     def __init__(self, script: SMTPTestServer) -> None:
         self.script = script
 
-    async def handle_EHLO(self, server: _ScriptedSMTP, session: Any, envelope: Any, hostname: str, responses: list[str]) -> list[str]:
+    async def handle_EHLO(
+        self, server: _ScriptedSMTP, session: Any, envelope: Any, hostname: str, responses: list[str]
+    ) -> list[str]:
         if self.script.ehlo_reply is not None:
             return [self.script.ehlo_reply]
         session.host_name = hostname
@@ -270,7 +286,9 @@ class _Handler:
     async def handle_AUTH(self, server: _ScriptedSMTP, session: Any, envelope: Any, args: list[str]) -> Any:
         return self.script.auth_reply if self.script.auth_reply is not None else MISSING
 
-    async def handle_MAIL(self, server: _ScriptedSMTP, session: Any, envelope: Any, address: str, options: list[str]) -> str:
+    async def handle_MAIL(
+        self, server: _ScriptedSMTP, session: Any, envelope: Any, address: str, options: list[str]
+    ) -> str:
         if self.script.auth is not None and not session.authenticated:
             return "530 5.7.0 Authentication required"
         reply = self.script.mail_reply or "250 2.1.0 OK"
@@ -279,7 +297,9 @@ class _Handler:
             envelope.mail_options.extend(options)
         return reply
 
-    async def handle_RCPT(self, server: _ScriptedSMTP, session: Any, envelope: Any, address: str, options: list[str]) -> str:
+    async def handle_RCPT(
+        self, server: _ScriptedSMTP, session: Any, envelope: Any, address: str, options: list[str]
+    ) -> str:
         reply = self.script._rcpt_reply(address, len(envelope.rcpt_tos))
         if reply.startswith("2"):
             envelope.rcpt_tos.append(address)

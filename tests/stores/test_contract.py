@@ -1,10 +1,10 @@
-"""Every store bumail_queue ships keeps the store contract (memory, ORM on this database)."""
+"""Every store bumail_queue ships keeps the store contract (memory, ORM on this database, Redis)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.stores.contract import StoreContract
+from bumail_queue.testing import StoreContract
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

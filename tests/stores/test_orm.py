@@ -75,12 +75,16 @@ def test_four_processes_claim_every_item_exactly_once_on_postgresql(orm_store, i
 @pytest.mark.slow
 def test_two_processes_on_one_sqlite_file_never_take_the_same_item(orm_store):
     add_due_items(orm_store, 2000)
-    results = run_in_processes(processes.claim_until_empty_delivering, [(database_for_children(), f"w{n}", 1) for n in range(2)])
+    results = run_in_processes(
+        processes.claim_until_empty_delivering, [(database_for_children(), f"w{n}", 1) for n in range(2)]
+    )
     assert_each_claimed_once(orm_store, results, 2000)
 
 
 def _max_items_under_four_enqueuers(orm_store, options):
-    results = run_in_processes(processes.enqueue_many_times, [(database_for_children(options), 60, 100) for _ in range(4)])
+    results = run_in_processes(
+        processes.enqueue_many_times, [(database_for_children(options), 60, 100) for _ in range(4)]
+    )
     assert sum(queued for queued, _ in results) == 100
     assert sum(refused for _, refused in results) == 140
     assert orm_store.count() == 100
@@ -122,10 +126,14 @@ def test_a_refused_enqueue_leaves_the_callers_transaction_usable(settings):
     assert Item.objects.count() == 1
 
 
-def test_claim_is_one_statement_on_postgresql_and_one_write_locked_transaction_on_sqlite(orm_store, django_assert_num_queries):
+def test_claim_is_one_statement_on_postgresql_and_one_write_locked_transaction_on_sqlite(
+    orm_store, django_assert_num_queries
+):
     add_due_items(orm_store, 5)
     now = timezone.now()
-    orm_store.claim(owner="w1", now=now - timedelta(days=1), lease_until=now, limit=1)  # connects, reads the default level once
+    orm_store.claim(
+        owner="w1", now=now - timedelta(days=1), lease_until=now, limit=1
+    )  # connects, reads the default level once
     # SQLite, in the process: BEGIN IMMEDIATE, the due items, their lease, COMMIT.
     with django_assert_num_queries(1 if connection.vendor == "postgresql" else 4) as queries:
         assert len(orm_store.claim(owner="w1", now=now, lease_until=now + timedelta(minutes=1), limit=10)) == 5
@@ -153,7 +161,9 @@ def test_a_row_another_worker_leases_is_skipped_until_its_lease_expires(orm_stor
     leased = ItemFactory(leased=True, created_at=timezone.now() - timedelta(minutes=1))
     free = ItemFactory(created_at=timezone.now() - timedelta(minutes=1))
     now = timezone.now()
-    assert [i.id for i in orm_store.claim(owner="w1", now=now, lease_until=now + timedelta(minutes=1), limit=10)] == [str(free.id)]
+    assert [i.id for i in orm_store.claim(owner="w1", now=now, lease_until=now + timedelta(minutes=1), limit=10)] == [
+        str(free.id)
+    ]
     after_expiry = leased.lease_expires_at + timedelta(seconds=1)
     again = orm_store.claim(owner="w1", now=after_expiry, lease_until=after_expiry + timedelta(minutes=1), limit=10)
     assert str(leased.id) in [i.id for i in again]

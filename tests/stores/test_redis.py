@@ -26,10 +26,11 @@ from bumail_queue.conf import get_settings
 from bumail_queue.errors import QueueConfigurationError, QueueError
 from bumail_queue.items import RecipientStatus
 from bumail_queue.stores.redis import RedisStore
+from bumail_queue.testing import LEASE, OK, T0, claim_one, result
+from bumail_queue.testing import new_item as new
 from tests.conftest import REDIS_ALIAS
 from tests.helpers import use_queue_backend
 from tests.servers.smtp import closed_port
-from tests.stores.contract import LEASE, OK, T0, claim_one, new, result
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
@@ -40,7 +41,9 @@ def redis_client():
 
 
 def store_at(prefix: str, alias: str = REDIS_ALIAS) -> RedisStore:
-    return RedisStore(dataclasses.replace(get_settings(), store="redis", redis_connection=alias, redis_key_prefix=prefix))
+    return RedisStore(
+        dataclasses.replace(get_settings(), store="redis", redis_connection=alias, redis_key_prefix=prefix)
+    )
 
 
 def caches_with(**aliases: str) -> override_settings:
@@ -62,7 +65,19 @@ def test_the_keys_are_laid_out_under_the_prefix(redis_store, redis_prefix, redis
         f"{redis_prefix}seq", f"{redis_prefix}schema", f"{redis_prefix}keys",
     }  # fmt: skip
     fields = redis_client.hgetall(item_key)
-    assert set(fields) == {b"id", b"from", b"recipients", b"size", b"created", b"next", b"attempts", b"delay", b"member", b"rev", b"key"}
+    assert set(fields) == {
+        b"id",
+        b"from",
+        b"recipients",
+        b"size",
+        b"created",
+        b"next",
+        b"attempts",
+        b"delay",
+        b"member",
+        b"rev",
+        b"key",
+    }
     member = fields[b"member"].decode()
     # Sixteen digits of sequence, so that items equally due come oldest first.
     assert re.fullmatch(rf"\d{{16}}:{added.id}", member)
@@ -100,7 +115,9 @@ def test_two_prefixes_are_two_queues(redis_prefix, redis_client):
     ("found", "text"),
     [("not a version", "the prefix is another application's"), ("2", "newer version of bumail_queue")],
 )
-def test_a_prefix_holding_another_schema_is_refused_at_the_first_call(redis_store, redis_prefix, redis_client, found, text):
+def test_a_prefix_holding_another_schema_is_refused_at_the_first_call(
+    redis_store, redis_prefix, redis_client, found, text
+):
     redis_client.set(f"{redis_prefix}schema", found)
     with pytest.raises(QueueConfigurationError) as error:
         redis_store.count()
@@ -212,7 +229,10 @@ def test_script_flush_changes_nothing(redis_store, redis_client):
     first = redis_store.add(new())
     redis_client.script_flush()
     second = redis_store.add(new())  # EVALSHA finds nothing: EVAL, which caches it again
-    assert [i.id for i in redis_store.claim(owner="w", now=T0, lease_until=T0 + LEASE, limit=5)] == [first.id, second.id]
+    assert [i.id for i in redis_store.claim(owner="w", now=T0, lease_until=T0 + LEASE, limit=5)] == [
+        first.id,
+        second.id,
+    ]
     redis_client.script_flush()
     assert redis_store.renew(first.id, owner="w", lease_until=T0 + 2 * LEASE) is True
     assert redis_store.reschedule(second.id, at=T0, owner="w") is True
@@ -324,7 +344,12 @@ def test_a_full_redis_refuses_the_enqueue_and_keeps_nothing_half_written(redis_s
 
 def test_enqueue_into_a_full_redis_raises_store_full_and_writes_nothing(redis_servers, redis_prefix):
     server = redis_servers("--maxmemory", "4mb", "--maxmemory-policy", "noeviction")
-    raw = {"HOSTNAME": "mta.example.com", "STORE": "redis", "REDIS_CONNECTION": "full", "REDIS_KEY_PREFIX": redis_prefix}
+    raw = {
+        "HOSTNAME": "mta.example.com",
+        "STORE": "redis",
+        "REDIS_CONNECTION": "full",
+        "REDIS_KEY_PREFIX": redis_prefix,
+    }
     client = server.client()
     with caches_with(full=server.url), override_settings(BUMAIL_QUEUE=raw):
         body = b"From: app@example.com\r\nSubject: Hi\r\n\r\n" + b"x" * 100_000 + b"\r\n"
@@ -387,7 +412,12 @@ def test_the_store_check_reports_a_redis_that_may_evict_as_e022(redis_servers, r
         messages = store_at(redis_prefix, "evicting").check()
         assert [(type(m), m.id) for m in messages] == [(checks.Error, "bumail_queue.E022")]
         assert "maxmemory-policy 'allkeys-lru'" in messages[0].msg
-        raw = {"HOSTNAME": "mta.example.com", "STORE": "redis", "REDIS_CONNECTION": "evicting", "REDIS_KEY_PREFIX": redis_prefix}
+        raw = {
+            "HOSTNAME": "mta.example.com",
+            "STORE": "redis",
+            "REDIS_CONNECTION": "evicting",
+            "REDIS_KEY_PREFIX": redis_prefix,
+        }
         with override_settings(BUMAIL_QUEUE=raw), pytest.raises(SystemCheckError, match=r"bumail_queue\.E022"):
             call_command("check")
 
@@ -517,7 +547,12 @@ def test_the_check_command_runs_the_redis_store_check(redis_prefix):
     from django.core.management import call_command
     from django.core.management.base import SystemCheckError
 
-    raw = {"HOSTNAME": "mta.example.com", "STORE": "redis", "REDIS_CONNECTION": "missing", "REDIS_KEY_PREFIX": redis_prefix}
+    raw = {
+        "HOSTNAME": "mta.example.com",
+        "STORE": "redis",
+        "REDIS_CONNECTION": "missing",
+        "REDIS_KEY_PREFIX": redis_prefix,
+    }
     with override_settings(BUMAIL_QUEUE=raw), pytest.raises(SystemCheckError, match=r"bumail_queue\.E018"):
         call_command("check")
 
@@ -525,9 +560,14 @@ def test_the_check_command_runs_the_redis_store_check(redis_prefix):
 def test_a_delivered_item_leaves_nothing_behind(redis_store, redis_prefix, redis_client):
     added = redis_store.add(new(key="done", recipients=["a@example.org"]))
     claim_one(redis_store)
-    recorded = redis_store.complete(added.id, owner="w1", result=result(T0, **{"a@example.org": (RecipientStatus.DELIVERED, OK)}))
+    recorded = redis_store.complete(
+        added.id, owner="w1", result=result(T0, **{"a@example.org": (RecipientStatus.DELIVERED, OK)})
+    )
     assert recorded.is_finished
-    assert sorted(k.decode() for k in redis_client.scan_iter(match=f"{redis_prefix}*")) == [f"{redis_prefix}schema", f"{redis_prefix}seq"]
+    assert sorted(k.decode() for k in redis_client.scan_iter(match=f"{redis_prefix}*")) == [
+        f"{redis_prefix}schema",
+        f"{redis_prefix}seq",
+    ]
 
 
 def test_store_redis_is_a_setting_that_builds_the_redis_store(redis_settings):
@@ -580,8 +620,11 @@ def test_complete_many_records_a_batch_after_redis_lost_its_scripts(redis_store,
     redis_store.claim(owner="w1", now=T0, lease_until=T0 + LEASE, limit=3)
     redis_client.script_flush()  # every script of the pipeline answers NOSCRIPT: each is sent by its text
     done = redis_store.complete_many(
-        "w1",
-        [(item.id, result(T0 + LEASE, **{item.recipients[0].address: (RecipientStatus.DEFERRED, OK)})) for item in added],
+        owner="w1",
+        results=[
+            (item.id, result(T0 + LEASE, **{item.recipients[0].address: (RecipientStatus.DEFERRED, OK)}))
+            for item in added
+        ],
     )
     assert [(d.attempts, d.lease_owner) for d in done] == [(1, None)] * 3
     assert [redis_store.get(item.id) for item in added] == done

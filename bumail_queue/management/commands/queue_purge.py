@@ -32,7 +32,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--older-than", type=duration, help="e.g. 30d, 12h, 2w (default: DELIVERY_LOG_RETENTION)")
-        parser.add_argument("--batch-size", type=batch_size, default=delivery_log.PURGE_BATCH_SIZE, help=f"rows deleted per statement, at most {MAX_BATCH_SIZE} (default: %(default)s)")
+        parser.add_argument(
+            "--batch-size",
+            type=batch_size,
+            default=delivery_log.PURGE_BATCH_SIZE,
+            help=f"rows deleted per statement, at most {MAX_BATCH_SIZE} (default: %(default)s)",
+        )
         parser.add_argument("--dry-run", action="store_true", help="count what would be deleted; delete nothing")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -46,8 +51,12 @@ class Command(BaseCommand):
         if options["dry_run"]:
             with store_errors_in_one_line():
                 count = DeliveryLog.objects.using(settings.database).filter(logged_at__lt=cutoff).count()
-            self.stdout.write(f"Would delete {count} delivery log entr{'y' if count == 1 else 'ies'} older than {age} (before {cutoff:%Y-%m-%d %H:%M:%S %Z}).")
+            self.stdout.write(
+                f"Would delete {count} delivery log entr{'y' if count == 1 else 'ies'} older than {age} (before {cutoff:%Y-%m-%d %H:%M:%S %Z})."
+            )
             return
         with store_errors_in_one_line():
             deleted = delivery_log.purge(older_than=older_than, now=now, batch_size=options["batch_size"])
-        self.stdout.write(f"Deleted {deleted} delivery log entr{'y' if deleted == 1 else 'ies'} older than {age} (before {cutoff:%Y-%m-%d %H:%M:%S %Z}).")
+        self.stdout.write(
+            f"Deleted {deleted} delivery log entr{'y' if deleted == 1 else 'ies'} older than {age} (before {cutoff:%Y-%m-%d %H:%M:%S %Z})."
+        )

@@ -22,7 +22,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--json", action="store_true", help="print one JSON object, for scripts")
-        parser.add_argument("--top", type=positive_int, default=10, help="domains shown, the most pending first (default: 10)")
+        parser.add_argument(
+            "--top", type=positive_int, default=10, help="domains shown, the most pending first (default: 10)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         with store_errors_in_one_line():
@@ -41,7 +43,9 @@ def store_errors_in_one_line() -> Iterator[None]:
     except QueueError as error:
         raise CommandError(error.message) from error
     except DatabaseError as error:
-        raise CommandError(f"The queue's database could not be used (has manage.py migrate run?): {first_line(error)}") from error
+        raise CommandError(
+            f"The queue's database could not be used (has manage.py migrate run?): {first_line(error)}"
+        ) from error
 
 
 def render(summary: QueueSummary, *, top: int) -> list[str]:
@@ -55,7 +59,9 @@ def render(summary: QueueSummary, *, top: int) -> list[str]:
         f"Oldest: queued {describe_duration(summary.now - summary.oldest_created_at)} ago "
         f"({summary.oldest_created_at:%Y-%m-%d %H:%M:%S %Z})."
     )
-    lines.append(f"{summary.pending_recipients} recipient{'s' if summary.pending_recipients != 1 else ''} pending, by destination domain and age (minutes):")
+    lines.append(
+        f"{summary.pending_recipients} recipient{'s' if summary.pending_recipients != 1 else ''} pending, by destination domain and age (minutes):"
+    )
     lines.append("")
     labels = ["total", *bucket_labels(summary.age_buckets)]
     shown = summary.shape[:top]
@@ -65,7 +71,9 @@ def render(summary: QueueSummary, *, top: int) -> list[str]:
     widths = [max(len(label), *(len(str(values[i])) for _, values in rows)) for i, label in enumerate(labels)]
     lines.append(" ".join([" " * name_width, *(label.rjust(w) for label, w in zip(labels, widths, strict=True))]))
     for name, values in rows:
-        lines.append(" ".join([name.rjust(name_width), *(str(v).rjust(w) for v, w in zip(values, widths, strict=True))]))
+        lines.append(
+            " ".join([name.rjust(name_width), *(str(v).rjust(w) for v, w in zip(values, widths, strict=True))])
+        )
     left_out = len(summary.shape) - len(shown)
     if left_out:
         lines.append(f"({left_out} more domain{'s' if left_out != 1 else ''}; --top to show more)")

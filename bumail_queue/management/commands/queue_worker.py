@@ -56,8 +56,8 @@ class Command(BaseCommand):
         # call_command, whose caller goes on). Start-up's objects, Django's and every
         # module's, live as long as the process: frozen, the collector stops walking
         # them in each full collection. Frozen again at the end, the process skips the
-        # interpreter's last collection of everything (60-90 ms, as long as a --burst
-        # run spends on a few batches), whose memory the system takes back at exit.
+        # interpreter's last collection of everything, which would walk every object
+        # only to free memory the system takes back at exit anyway.
         gc.freeze()
         try:
             super().run_from_argv(argv)
@@ -66,8 +66,14 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--concurrency", type=positive_int, help="SMTP sessions in flight (default: CONCURRENCY)")
-        parser.add_argument("--domain-concurrency", type=positive_int, help="sessions per destination domain (default: DOMAIN_CONCURRENCY)")
-        parser.add_argument("--owner", type=owner_name, help="this worker's name on its leases (default: host-pid-random)")
+        parser.add_argument(
+            "--domain-concurrency",
+            type=positive_int,
+            help="sessions per destination domain (default: DOMAIN_CONCURRENCY)",
+        )
+        parser.add_argument(
+            "--owner", type=owner_name, help="this worker's name on its leases (default: host-pid-random)"
+        )
         parser.add_argument("--burst", action="store_true", help="deliver what is due, then exit")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -134,5 +140,3 @@ def _describe_route(settings: Any) -> str:
         return "mx"
     auth = " auth" if route.username else ""
     return f"smarthost {route.host}:{route.port} tls={route.tls}{auth}"
-
-

@@ -45,9 +45,7 @@ class Script:
         sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
         return cls(name=name, source=source, sha=sha)
 
-    def __call__(
-        self, client: Redis, keys: Sequence[str], args: Sequence[str | bytes | int]
-    ) -> Any:
+    def __call__(self, client: Redis, keys: Sequence[str], args: Sequence[str | bytes | int]) -> Any:
         """Run the script: by its SHA-1, or by its text when Redis lost it."""
         try:
             return client.evalsha(self.sha, len(keys), *keys, *args)

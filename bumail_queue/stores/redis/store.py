@@ -16,15 +16,10 @@ set's score is a double, exact for such numbers until the year 2255.
 from __future__ import annotations
 
 import builtins
-import contextlib
-import dataclasses
-import json
 import threading
-import time
-import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime
 from typing import Any, cast
 
 from django.conf import settings as django_settings
@@ -34,7 +29,6 @@ from django.utils.module_loading import import_string
 from django_redis import get_redis_connection
 from django_redis.cache import RedisCache
 from redis import ConnectionPool, Redis
-from redis.client import PubSub
 from redis.exceptions import (
     AskError,
     AuthenticationError,
@@ -59,12 +53,20 @@ from bumail_queue.errors import (
     first_line,
 )
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
-from bumail_queue.stores.base import QueueStore, WorkListener
+from bumail_queue.stores.base import COMPLETE_TRIES, MESSAGE_HEAD_BYTES, QueueStore, WorkListener
 
 from . import scripts
-
-# How often complete() re-reads an item whose outcome another write changed meanwhile.
-_COMPLETE_TRIES = 8
+from .layout import (
+    RedisKeys,
+    copy_item,
+    hash_fields,
+    item_from_fields,
+    micros,
+    own_id,
+    pairs,
+    recipients_json,
+)
+from .listener import RedisListener
 
 #: The ``maxmemory-policy`` values under which a full Redis may delete the queue's keys.
 #: The ``volatile-*`` policies are not among them: they evict only keys with a time to
@@ -74,57 +76,6 @@ EVICTING_POLICIES = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random"})
 # The system check connects while manage.py waits: it must not hang on a Redis that
 # drops packets, whatever timeouts CACHES gives the store's own connections.
 _CHECK_TIMEOUT_SECONDS = 3.0
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RedisKeys:
-    """The names of the queue's keys under one prefix."""
-
-    prefix: str
-
-    @property
-    def items(self) -> str:
-        """Every item, scored by its next attempt: ``list`` and ``count``."""
-        return f"{self.prefix}items"
-
-    @property
-    def ready(self) -> str:
-        """The items no lease holds, scored by their next attempt."""
-        return f"{self.prefix}ready"
-
-    @property
-    def leases(self) -> str:
-        """The leased items, scored by when their leases end."""
-        return f"{self.prefix}leases"
-
-    @property
-    def seq(self) -> str:
-        """The counter that orders items equally due."""
-        return f"{self.prefix}seq"
-
-    @property
-    def schema(self) -> str:
-        """The layout version."""
-        return f"{self.prefix}schema"
-
-    @property
-    def keys(self) -> str:
-        """A hash of idempotency key to the id of the item holding it."""
-        return f"{self.prefix}keys"
-
-    @property
-    def wake(self) -> str:
-        """The Pub/Sub channel that adds, retries and give-backs announce work on."""
-        return f"{self.prefix}wake"
-
-    def item(self, item_id: str) -> str:
-        return f"{self.prefix}item:{item_id}"
-
-    def message(self, item_id: str) -> str:
-        return f"{self.prefix}message:{item_id}"
 
 
 class RedisStore(QueueStore):
@@ -164,9 +115,7 @@ class RedisStore(QueueStore):
                 if not self._schema_checked:
                     # The policy first: on a Redis that may evict, not even the layout is written.
                     self._refuse_eviction(read_eviction_policy(client))
-                    found = scripts.SCHEMA(
-                        client, [self.keys.schema], [str(scripts.LAYOUT_VERSION)]
-                    )
+                    found = scripts.SCHEMA(client, [self.keys.schema], [str(scripts.LAYOUT_VERSION)])
                     self._check_schema(found)
                     self._schema_checked = True
         return client
@@ -207,13 +156,9 @@ class RedisStore(QueueStore):
         try:
             yield
         except AuthenticationError as error:
-            raise self._unavailable(
-                doing, "Redis refused the credentials of CACHES", error
-            ) from error
+            raise self._unavailable(doing, "Redis refused the credentials of CACHES", error) from error
         except (RedisConnectionError, RedisTimeoutError) as error:
-            raise self._unavailable(
-                doing, "Redis could not be reached through CACHES", error
-            ) from error
+            raise self._unavailable(doing, "Redis could not be reached through CACHES", error) from error
         except ResponseError as error:
             if _out_of_memory(error):
                 raise QueueError(
@@ -223,9 +168,7 @@ class RedisStore(QueueStore):
                 ) from error
             raise self._unavailable(doing, _refusal(error), error) from error
         except RedisError as error:
-            raise self._unavailable(
-                doing, "Redis failed through CACHES", error
-            ) from error
+            raise self._unavailable(doing, "Redis failed through CACHES", error) from error
 
     def _unavailable(self, doing: str, what: str, error: Exception) -> QueueError:
         where = f"{what}[{self.alias!r}]" if what.endswith("CACHES") else what
@@ -270,9 +213,7 @@ class RedisStore(QueueStore):
 
     # -- adding -----------------------------------------------------------------------
 
-    def add_many(
-        self, items: Sequence[NewItem], *, max_items: int | None = None
-    ) -> builtins.list[QueueItem]:
+    def add_many(self, items: Sequence[NewItem], *, max_items: int | None = None) -> builtins.list[QueueItem]:
         if not items:
             return []
         args: list[str | bytes | int] = [
@@ -282,7 +223,7 @@ class RedisStore(QueueStore):
         ]
         for new in items:
             self.validate_new(new)
-            if _own_id(new.id) != new.id:
+            if own_id(new.id) != new.id:
                 raise QueueError(
                     ErrorCode.INVALID,
                     f"An item id must be a UUID in its usual form; got {new.id!r}.",
@@ -291,12 +232,10 @@ class RedisStore(QueueStore):
                 new.id,
                 "" if new.key is None else f"={new.key}",
                 new.sender,
-                _recipients_json(
-                    Recipient(address=address) for address in new.recipients
-                ),
+                recipients_json(Recipient(address=address) for address in new.recipients),
                 str(new.size),
-                _micros(new.created_at),
-                _micros(new.next_attempt_at),
+                micros(new.created_at),
+                micros(new.next_attempt_at),
                 bytes(new.message),
             ]
         keys = [self.keys.items, self.keys.ready, self.keys.seq, self.keys.keys]
@@ -311,21 +250,21 @@ class RedisStore(QueueStore):
             if entry == b"ok":
                 added.append(new.to_queue_item())
             elif isinstance(entry, int):  # an earlier item of this call took the key
-                added.append(_copy(added[entry - 1]))
+                added.append(copy_item(added[entry - 1]))
             else:  # the item holding the key
-                added.append(_item(_pairs(entry)))
+                added.append(item_from_fields(pairs(entry)))
         return added
 
     # -- reading ----------------------------------------------------------------------
 
     def get(self, item_id: str) -> QueueItem | None:
-        own = _own_id(item_id)
+        own = own_id(item_id)
         if own is None:
             return None
         client = self._redis()
         with self._translated_errors("read the item"):
-            fields = _hash(client.hgetall(self.keys.item(own)))
-        return _item(fields) if fields else None
+            fields = hash_fields(client.hgetall(self.keys.item(own)))
+        return item_from_fields(fields) if fields else None
 
     def list(self, *, offset: int = 0, limit: int = 100) -> builtins.list[QueueItem]:
         if limit <= 0:
@@ -336,7 +275,7 @@ class RedisStore(QueueStore):
             [self.keys.items],
             [self.keys.prefix, offset, offset + limit - 1],
         )
-        return [_item(_pairs(fields)) for fields in page]
+        return [item_from_fields(pairs(fields)) for fields in page]
 
     def count(self) -> int:
         client = self._redis()
@@ -344,7 +283,7 @@ class RedisStore(QueueStore):
             return int(client.zcard(self.keys.items))
 
     def read_message(self, item_id: str) -> bytes | None:
-        own = _own_id(item_id)
+        own = own_id(item_id)
         if own is None:
             return None
         client = self._redis()
@@ -354,25 +293,19 @@ class RedisStore(QueueStore):
 
     def read_messages(self, item_ids: Iterable[str]) -> dict[str, bytes]:
         """Read a batch's messages in one round trip (``MGET``)."""
-        known = [(item_id, own) for item_id in item_ids if (own := _own_id(item_id))]
+        known = [(item_id, own) for item_id in item_ids if (own := own_id(item_id))]
         if not known:
             return {}
         client = self._redis()
         with self._translated_errors("read the messages"):
             found = cast("list[bytes | None]", client.mget([self.keys.message(own) for _, own in known]))
-        return {
-            item_id: bytes(data)
-            for (item_id, _), data in zip(known, found, strict=True)
-            if data is not None
-        }
+        return {item_id: bytes(data) for (item_id, _), data in zip(known, found, strict=True) if data is not None}
 
-    def read_message_heads(
-        self, item_ids: Sequence[str], *, size: int = 8192
-    ) -> dict[str, bytes]:
+    def read_message_heads(self, item_ids: Sequence[str], *, size: int = MESSAGE_HEAD_BYTES) -> dict[str, bytes]:
         """Read the first ``size`` bytes of each message, pipelined (``GETRANGE``)."""
         if size <= 0:
             return super().read_message_heads(item_ids, size=size)
-        known = [(item_id, own) for item_id in item_ids if (own := _own_id(item_id))]
+        known = [(item_id, own) for item_id in item_ids if (own := own_id(item_id))]
         if not known:
             return {}
         client = self._redis()
@@ -382,17 +315,11 @@ class RedisStore(QueueStore):
                 pipe.getrange(self.keys.message(own), 0, size - 1)
             heads = pipe.execute()
         # A missing key reads as no bytes; a message is never empty (it has headers).
-        return {
-            item_id: bytes(head)
-            for (item_id, _), head in zip(known, heads, strict=True)
-            if head
-        }
+        return {item_id: bytes(head) for (item_id, _), head in zip(known, heads, strict=True) if head}
 
     # -- leases and outcomes ----------------------------------------------------------
 
-    def claim(
-        self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1
-    ) -> builtins.list[QueueItem]:
+    def claim(self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1) -> builtins.list[QueueItem]:
         self.validate_owner(owner)
         if limit < 1:
             return []
@@ -400,18 +327,15 @@ class RedisStore(QueueStore):
         args: list[str | bytes | int] = [
             self.keys.prefix,
             owner,
-            _micros(now),
-            _micros(lease_until),
+            micros(now),
+            micros(lease_until),
             limit,
         ]
-        return [
-            _item(_pairs(fields))
-            for fields in self._run(scripts.CLAIM, "claim items", keys, args)
-        ]
+        return [item_from_fields(pairs(fields)) for fields in self._run(scripts.CLAIM, "claim items", keys, args)]
 
     def renew(self, item_id: str, *, owner: str, lease_until: datetime) -> bool:
         self.validate_owner(owner)
-        own = _own_id(item_id)
+        own = own_id(item_id)
         if own is None:
             return False
         keys = [self.keys.leases, self.keys.items]
@@ -420,37 +344,31 @@ class RedisStore(QueueStore):
                 scripts.RENEW,
                 "renew the lease",
                 keys,
-                [self.keys.prefix, own, owner, _micros(lease_until)],
+                [self.keys.prefix, own, owner, micros(lease_until)],
             )
             == 1
         )
 
-    def complete(
-        self, item_id: str, *, owner: str, result: AttemptResult
-    ) -> QueueItem | None:
+    def complete(self, item_id: str, *, owner: str, result: AttemptResult) -> QueueItem | None:
         self.validate_owner(owner)
         self.validate_result(result)
-        own = _own_id(item_id)
+        own = own_id(item_id)
         if own is None:
             return None
         client = self._redis()
-        for _ in range(_COMPLETE_TRIES):
+        for _ in range(COMPLETE_TRIES):
             with self._translated_errors("read the item"):
-                fields = _hash(client.hgetall(self.keys.item(own)))
+                fields = hash_fields(client.hgetall(self.keys.item(own)))
             if not fields:
                 return None
-            item = _item(fields)
+            item = item_from_fields(fields)
             if item.lease_owner != owner:
                 break
             recorded = result.recorded_on(item)
             # Only the owner, and only over the state it read: an outcome recorded in
             # between (a renewal is none, it leaves rev alone) makes it read again.
             args = self._outcome_args(own, owner, fields[b"rev"], recorded)
-            written = int(
-                self._run(
-                    scripts.COMPLETE, "record the outcome", self._outcome_keys, args
-                )
-            )
+            written = int(self._run(scripts.COMPLETE, "record the outcome", self._outcome_keys, args))
             if written == 1:
                 return recorded
             if written == -2:
@@ -460,7 +378,7 @@ class RedisStore(QueueStore):
         raise self.lease_lost(item_id, owner)
 
     def complete_many(
-        self, owner: str, results: Sequence[tuple[str, AttemptResult]]
+        self, results: Sequence[tuple[str, AttemptResult]], *, owner: str
     ) -> builtins.list[QueueItem | QueueError | None]:
         """Record a batch in two round trips: the reads pipelined, then the scripts.
 
@@ -473,30 +391,26 @@ class RedisStore(QueueStore):
         if not results:
             return []
         client = self._redis()
-        owns = [_own_id(item_id) for item_id, _ in results]
+        owns = [own_id(item_id) for item_id, _ in results]
         known = sorted({own for own in owns if own is not None})
         with self._translated_errors("read the items"):
             pipe = client.pipeline(transaction=False)
             for key in known:
                 pipe.hgetall(self.keys.item(key))
-            held = dict(zip(known, map(_hash, pipe.execute()), strict=True))
+            held = dict(zip(known, map(hash_fields, pipe.execute()), strict=True))
         done: list[QueueItem | QueueError | None] = []
         writes: list[tuple[int, list[str | bytes | int]]] = []
-        for index, ((item_id, result), own) in enumerate(
-            zip(results, owns, strict=True)
-        ):
+        for index, ((item_id, result), own) in enumerate(zip(results, owns, strict=True)):
             fields = held.get(own) if own is not None else None
             if not fields or own is None:
                 done.append(None)
                 continue
-            item = _item(fields)
+            item = item_from_fields(fields)
             if item.lease_owner != owner:
                 done.append(self.lease_lost(item_id, owner))
                 continue
             done.append(recorded := result.recorded_on(item))
-            writes.append(
-                (index, self._outcome_args(own, owner, fields[b"rev"], recorded))
-            )
+            writes.append((index, self._outcome_args(own, owner, fields[b"rev"], recorded)))
         statuses = self._run_many(
             scripts.COMPLETE,
             "record the outcomes",
@@ -512,7 +426,7 @@ class RedisStore(QueueStore):
             elif status == -1:
                 contested.append(index)
         # Changed between the read and the script: each goes the single way, which reads again.
-        again = super().complete_many(owner, [results[index] for index in contested])
+        again = super().complete_many([results[index] for index in contested], owner=owner)
         for index, outcome in zip(contested, again, strict=True):
             done[index] = outcome
         return done
@@ -521,56 +435,48 @@ class RedisStore(QueueStore):
     def _outcome_keys(self) -> builtins.list[str]:
         return [self.keys.items, self.keys.ready, self.keys.leases, self.keys.keys]
 
-    def _outcome_args(
-        self, item_id: str, owner: str, rev: bytes, item: QueueItem
-    ) -> builtins.list[str | bytes | int]:
+    def _outcome_args(self, item_id: str, owner: str, rev: bytes, item: QueueItem) -> builtins.list[str | bytes | int]:
         args: list[str | bytes | int] = [self.keys.prefix, item_id, owner, rev]
         if item.is_finished:
             return [*args, "drop"]
         return [
             *args,
             "record",
-            _recipients_json(item.recipients),
-            _micros(item.next_attempt_at),
+            recipients_json(item.recipients),
+            micros(item.next_attempt_at),
             str(item.attempts),
             "1" if item.delay_notified else "0",
         ]
 
-    def reschedule(
-        self, item_id: str, *, at: datetime, owner: str | None = None
-    ) -> bool:
+    def reschedule(self, item_id: str, *, at: datetime, owner: str | None = None) -> bool:
         if owner is not None:
             self.validate_owner(owner)
-        own = _own_id(item_id)
+        own = own_id(item_id)
         if own is None:
             return False
         keys = [self.keys.items, self.keys.ready, self.keys.leases]
         args: list[str | bytes | int] = [
             self.keys.prefix,
             own,
-            _micros(at),
+            micros(at),
             owner or "",
             self.keys.wake,
         ]
-        return bool(
-            self._run(scripts.RESCHEDULE, "reschedule the item", keys, args) == 1
-        )
+        return bool(self._run(scripts.RESCHEDULE, "reschedule the item", keys, args) == 1)
 
     def cancel(self, item_id: str) -> QueueItem | None:
-        own = _own_id(item_id)
+        own = own_id(item_id)
         if own is None:
             return None
         keys = [self.keys.items, self.keys.ready, self.keys.leases, self.keys.keys]
-        fields = self._run(
-            scripts.CANCEL, "cancel the item", keys, [self.keys.prefix, own]
-        )
-        return None if fields is None else _item(_pairs(fields))
+        fields = self._run(scripts.CANCEL, "cancel the item", keys, [self.keys.prefix, own])
+        return None if fields is None else item_from_fields(pairs(fields))
 
     def listener(self) -> WorkListener | None:
         """A Pub/Sub subscription on its own connection: idle workers wake on enqueue."""
         client = self._redis()
         with self._translated_errors("listen for new work"):
-            return _RedisListener(client, self.keys.wake, self._translated_errors)
+            return RedisListener(client, self.keys.wake, self._translated_errors)
 
     # -- checks -----------------------------------------------------------------------
 
@@ -626,107 +532,6 @@ class RedisStore(QueueStore):
         )
 
 
-class _RedisListener(WorkListener):
-    """A subscription to the queue's wake channel, on a connection of its own.
-
-    Pub/Sub keeps nothing for a subscriber that is away: what is announced while the
-    connection is down is found by the worker's poll (``POLL_SECONDS``).
-    """
-
-    def __init__(
-        self,
-        client: Redis,
-        channel: str,
-        translated: Callable[[str], AbstractContextManager[None]],
-    ) -> None:
-        self._translated = translated
-        self._pubsub: PubSub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-        self._pubsub.subscribe(channel)
-
-    def wait(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        with self._translated("listen for new work"):
-            while (remaining := deadline - time.monotonic()) > 0:
-                if self._pubsub.get_message(timeout=remaining) is not None:
-                    # Announcements that piled up meanwhile are one wake-up, not many.
-                    while self._pubsub.get_message(timeout=0) is not None:
-                        pass
-                    return True
-        return False
-
-    def close(self) -> None:
-        with contextlib.suppress(RedisError):  # the connection is gone already
-            self._pubsub.close()
-
-
-# -- values ---------------------------------------------------------------------------
-
-
-def _micros(value: datetime) -> str:
-    """Return a time as whole microseconds since the epoch (a naive time is taken as UTC)."""
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return str((value - _EPOCH) // _MICROSECOND)
-
-
-def _time(raw: bytes) -> datetime:
-    return _EPOCH + timedelta(microseconds=int(raw))
-
-
-def _own_id(item_id: Any) -> str | None:
-    """Return the id in the form the store writes it, or ``None`` for one it never made.
-
-    Only a UUID reaches a key's name, so no id a caller gives names another key.
-    """
-    if not QueueStore.is_known_id(item_id):
-        return None
-    try:
-        return str(uuid.UUID(item_id))
-    except (ValueError, TypeError, AttributeError):
-        return None
-
-
-def _recipients_json(recipients: Iterator[Recipient] | Sequence[Recipient]) -> str:
-    return json.dumps(
-        [r.to_dict() for r in recipients], ensure_ascii=False, separators=(",", ":")
-    )
-
-
-def _hash(reply: Any) -> dict[bytes, bytes]:
-    """Return ``HGETALL``'s reply typed: bytes, since the store's connections decode nothing."""
-    return cast("dict[bytes, bytes]", reply)
-
-
-def _pairs(flat: Sequence[bytes]) -> dict[bytes, bytes]:
-    """Return a hash's fields from the flat list a script returns for ``HGETALL``."""
-    return dict(zip(flat[::2], flat[1::2], strict=True))
-
-
-def _item(fields: Mapping[bytes, bytes]) -> QueueItem:
-    owner, expires, key = (
-        fields.get(b"owner"),
-        fields.get(b"expires"),
-        fields.get(b"key"),
-    )
-    return QueueItem(
-        id=fields[b"id"].decode(),
-        sender=fields[b"from"].decode(),
-        recipients=[Recipient.from_dict(r) for r in json.loads(fields[b"recipients"])],
-        size=int(fields[b"size"]),
-        created_at=_time(fields[b"created"]),
-        next_attempt_at=_time(fields[b"next"]),
-        attempts=int(fields[b"attempts"]),
-        delay_notified=fields[b"delay"] == b"1",
-        lease_owner=None if owner is None else owner.decode(),
-        lease_expires_at=None if expires is None else _time(expires),
-        key=None if key is None else key.decode(),
-    )
-
-
-def _copy(item: QueueItem) -> QueueItem:
-    return dataclasses.replace(item, recipients=list(item.recipients))
-
-
 # -- errors and checks ----------------------------------------------------------------
 
 
@@ -745,12 +550,8 @@ def _refusal(error: ResponseError) -> str:
     if isinstance(error, ReadOnlyError) or reply.startswith("READONLY"):
         return "Redis is a replica, which refuses writes; point REDIS_CONNECTION at the primary"
     if isinstance(error, NoPermissionError) or reply.startswith("NOPERM"):
-        return (
-            "Redis refused the command to this user; see the ACL the Redis store needs"
-        )
-    if isinstance(
-        error, AskError | TryAgainError | ClusterCrossSlotError | ClusterDownError
-    ):
+        return "Redis refused the command to this user; see the ACL the Redis store needs"
+    if isinstance(error, AskError | TryAgainError | ClusterCrossSlotError | ClusterDownError):
         return "Redis Cluster is not supported: the queue's keys must live on one Redis"
     if "near '#'" in reply:
         return "the Redis store needs Redis 7.0 or newer (script flags)"
@@ -804,9 +605,7 @@ def _connection_problem(alias: str) -> str | None:
     except ImportError:
         backend = None
     if not (isinstance(backend, type) and issubclass(backend, RedisCache)):
-        return (
-            f"its BACKEND is {config.get('BACKEND')!r}, not django-redis's RedisCache."
-        )
+        return f"its BACKEND is {config.get('BACKEND')!r}, not django-redis's RedisCache."
     options = config.get("OPTIONS", {})
     client_class = options.get("CLIENT_CLASS", "")
     if client_class.rpartition(".")[2] == "ShardClient":
@@ -814,5 +613,3 @@ def _connection_problem(alias: str) -> str | None:
     if options.get("CONNECTION_POOL_KWARGS", {}).get("decode_responses"):
         return "its connections decode replies (decode_responses), so messages would not come back byte for byte."
     return None
-
-

@@ -46,7 +46,9 @@ within three working days.</p>
 """
 
 
-def _mail(subject: str, to: list[str], *, sender: str = "Shop Example <shop@example.com>", html: str | None = None) -> EmailMultiAlternatives:
+def _mail(
+    subject: str, to: list[str], *, sender: str = "Shop Example <shop@example.com>", html: str | None = None
+) -> EmailMultiAlternatives:
     text = f"{subject}\n\nThis is a sample message queued by manage.py seed_queue.\n"
     message = EmailMultiAlternatives(subject, text, sender, to)
     if html is not None:
@@ -61,10 +63,20 @@ class Command(BaseCommand):
         now = timezone.now()
         store = queue.store
 
-        def enqueue(message: EmailMultiAlternatives, *, age: timedelta = timedelta(0), at: datetime | None = None) -> QueueItem:
+        def enqueue(
+            message: EmailMultiAlternatives, *, age: timedelta = timedelta(0), at: datetime | None = None
+        ) -> QueueItem:
             return QueueService(clock=lambda: now - age).enqueue(message, at=at)
 
-        def attempt(item: QueueItem, outcomes: dict[str, Reply], *, when: datetime, host: str, retry_in: timedelta, owner: str = "worker-1") -> None:
+        def attempt(
+            item: QueueItem,
+            outcomes: dict[str, Reply],
+            *,
+            when: datetime,
+            host: str,
+            retry_in: timedelta,
+            owner: str = "worker-1",
+        ) -> None:
             # Lease this item alone, as a worker's claim would, then record the attempt.
             claimed = store.claim(owner=owner, now=now, lease_until=now + timedelta(minutes=10), limit=1000)
             for other in claimed:
@@ -79,16 +91,45 @@ class Command(BaseCommand):
                     next_attempt_at=now + retry_in if outcome.status == RecipientStatus.DEFERRED else None,
                 )  # fmt: skip
 
-        order = enqueue(_mail("Your order #1042 has shipped", ["alice@example.org"], html=ORDER_HTML), age=timedelta(minutes=47))
-        attempt(order, {"alice@example.org": GREYLISTED}, when=now - timedelta(minutes=46), host="mx1.example.org", retry_in=timedelta(minutes=13))
+        order = enqueue(
+            _mail("Your order #1042 has shipped", ["alice@example.org"], html=ORDER_HTML), age=timedelta(minutes=47)
+        )
+        attempt(
+            order,
+            {"alice@example.org": GREYLISTED},
+            when=now - timedelta(minutes=46),
+            host="mx1.example.org",
+            retry_in=timedelta(minutes=13),
+        )
 
         invoice = _mail("Invoice 2026-114", ["billing@customer.example.net"], sender="Accounts <accounts@example.com>")
         invoice.attach("invoice-2026-114.pdf", b"%PDF-1.4\n% a sample invoice\n", "application/pdf")
         invoice_item = enqueue(invoice, age=timedelta(hours=6, minutes=20))
-        attempt(invoice_item, {"billing@customer.example.net": BUSY}, when=now - timedelta(hours=6), host="mail.customer.example.net", retry_in=timedelta(minutes=74))
+        attempt(
+            invoice_item,
+            {"billing@customer.example.net": BUSY},
+            when=now - timedelta(hours=6),
+            host="mail.customer.example.net",
+            retry_in=timedelta(minutes=74),
+        )
 
-        digest_to = ["ann@example.org", "ben@example.net", "cleo@example.com", "dan@example.org", "eve@mail.example.net", "noone@example.org"]
-        digest = enqueue(_mail("Weekly digest: 5 new articles", digest_to, sender="Newsletter <news@example.com>", html="<h2>This week</h2><ul><li>Five new articles</li></ul>"), age=timedelta(hours=26))
+        digest_to = [
+            "ann@example.org",
+            "ben@example.net",
+            "cleo@example.com",
+            "dan@example.org",
+            "eve@mail.example.net",
+            "noone@example.org",
+        ]
+        digest = enqueue(
+            _mail(
+                "Weekly digest: 5 new articles",
+                digest_to,
+                sender="Newsletter <news@example.com>",
+                html="<h2>This week</h2><ul><li>Five new articles</li></ul>",
+            ),
+            age=timedelta(hours=26),
+        )
         attempt(
             digest,
             {"ann@example.org": OK, "ben@example.net": OK, "cleo@example.com": GREYLISTED, "dan@example.org": GREYLISTED, "eve@mail.example.net": BUSY, "noone@example.org": NO_SUCH_USER},
@@ -96,10 +137,18 @@ class Command(BaseCommand):
         )  # fmt: skip
 
         for n, who in enumerate(["frank@example.com", "gina@example.net", "hugo@example.org", "iris@example.com"]):
-            enqueue(_mail(f"Welcome to Shop Example, {who.split('@')[0].title()}", [who]), age=timedelta(minutes=2 + 7 * n))
-        enqueue(_mail("Your appointment tomorrow at 10:00", ["jules@example.net"], sender="Clinic <reminders@example.com>"), at=now + timedelta(hours=16))
+            enqueue(
+                _mail(f"Welcome to Shop Example, {who.split('@')[0].title()}", [who]), age=timedelta(minutes=2 + 7 * n)
+            )
+        enqueue(
+            _mail("Your appointment tomorrow at 10:00", ["jules@example.net"], sender="Clinic <reminders@example.com>"),
+            at=now + timedelta(hours=16),
+        )
 
-        reset = enqueue(_mail("Reset your password", ["bob@example.net"], sender="Shop Example <no-reply@example.com>"), age=timedelta(seconds=40))
+        reset = enqueue(
+            _mail("Reset your password", ["bob@example.net"], sender="Shop Example <no-reply@example.com>"),
+            age=timedelta(seconds=40),
+        )
         claimed = store.claim(owner="worker-2-pid-4242", now=now, lease_until=now + timedelta(minutes=10), limit=1000)
         for other in claimed:
             if other.id != reset.id:
@@ -108,4 +157,6 @@ class Command(BaseCommand):
 
 
 def _status(reply: Reply) -> RecipientStatus:
-    return {2: RecipientStatus.DELIVERED, 4: RecipientStatus.DEFERRED}.get((reply.code or 400) // 100, RecipientStatus.FAILED)
+    return {2: RecipientStatus.DELIVERED, 4: RecipientStatus.DEFERRED}.get(
+        (reply.code or 400) // 100, RecipientStatus.FAILED
+    )

@@ -1,42 +1,102 @@
-"""The store contract: the promises every ``QueueStore`` keeps, as tests.
+# mypy: disable-error-code="union-attr"
+# The tests read what a store returned without narrowing it first: a ``None`` where an
+# item was due fails the test there, as it should.
+"""The store contract as tests, shipped for stores of your own.
 
-A store is held to them by running this class with a ``store`` fixture that yields
-it (``test_contract.py`` does so for every store bumail_queue ships). Times are
-made here and given to the store: a store keeps no clock.
+``StoreContract`` holds the promises every ``QueueStore`` keeps (``stores/base.py``
+lists them). A store is held to them by a pytest test class that inherits it and a
+``store`` fixture that yields a fresh, empty store::
+
+    import pytest
+
+    from bumail_queue.testing import StoreContract
+
+
+    @pytest.fixture
+    def store(settings):
+        return MyStore(get_settings())
+
+
+    @pytest.mark.django_db(transaction=True)
+    class TestMyStore(StoreContract):
+        pass
+
+Times are made here and given to the store: a store keeps no clock. Importing this
+module imports pytest; nothing else in ``bumail_queue`` does.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from bumail_queue.errors import QueueError
-from bumail_queue.items import AttemptResult, Outcome, Reply
+from bumail_queue.items import AttemptResult, NewItem, Outcome, QueueItem, Reply
 from bumail_queue.items import RecipientStatus as S
 from bumail_queue.queries import ItemQuery, ItemState
-from tests.factories import NewItemFactory
+from bumail_queue.stores.base import QueueStore
 
+__all__ = ["LATER", "LEASE", "NO_SUCH_USER", "OK", "T0", "StoreContract", "claim_one", "new_item", "result"]
+
+#: The time every contract test starts at.
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+#: How long the contract's claims lease an item.
 LEASE = timedelta(minutes=10)
 
 OK = Reply(code=250, status="2.0.0", text="OK")
 LATER = Reply(code=451, status="4.3.0", text="Try again later")
 NO_SUCH_USER = Reply(code=550, status="5.1.1", text="No such user")
 
-
-def new(**kwargs):
-    kwargs.setdefault("created_at", T0)
-    return NewItemFactory(**kwargs)
+_numbers = iter(range(1, 2**63))
 
 
-def claim_one(store, owner="w1", now=T0, lease=LEASE):
+def new_item(
+    *,
+    id: str | None = None,
+    sender: str | None = None,
+    recipients: Sequence[str] | None = None,
+    message: bytes | None = None,
+    created_at: datetime = T0,
+    next_attempt_at: datetime | None = None,
+    key: str | None = None,
+) -> NewItem:
+    """Return a ``NewItem`` to add, due at its creation unless told; unique addresses each call."""
+    n = next(_numbers)
+    item_id = id if id is not None else str(uuid.uuid4())
+    sender = sender if sender is not None else f"sender{n}@example.com"
+    recipients = list(recipients) if recipients is not None else [f"rcpt{n}@example.org"]
+    if message is None:
+        message = f"From: {sender}\r\nTo: {', '.join(recipients)}\r\nSubject: test\r\n\r\nbody of {item_id}\r\n".encode(
+            "utf-8", "replace"
+        )
+    return NewItem(
+        id=item_id,
+        sender=sender,
+        recipients=recipients,
+        message=message,
+        created_at=created_at,
+        next_attempt_at=created_at if next_attempt_at is None else next_attempt_at,
+        key=key,
+    )
+
+
+def claim_one(store: QueueStore, owner: str = "w1", now: datetime = T0, lease: timedelta = LEASE) -> QueueItem | None:
+    """Claim the first due item at ``now`` for ``owner``, or return ``None``."""
     claimed = store.claim(owner=owner, now=now, lease_until=now + lease, limit=1)
     return claimed[0] if claimed else None
 
 
-def result(next_at, count=True, **outcomes):
+def result(next_at: datetime, **outcomes: Any) -> AttemptResult:
+    """Return an attempt's result: ``address=(status, reply)`` for each recipient it decided.
+
+    ``count=False`` records it without counting an attempt.
+    """
+    count = bool(outcomes.pop("count", True))
     return AttemptResult(
         outcomes={address: Outcome(status=status, reply=reply) for address, (status, reply) in outcomes.items()},
         next_attempt_at=next_at,
@@ -47,8 +107,8 @@ def result(next_at, count=True, **outcomes):
 class StoreContract:
     # -- add, get, list, count, read_message ------------------------------------------
 
-    def test_add_returns_the_item_with_every_recipient_pending(self, store):
-        added = store.add(new(recipients=["a@example.org", "b@example.org"], sender="s@example.com"))
+    def test_add_returns_the_item_with_every_recipient_pending(self, store: QueueStore) -> None:
+        added = store.add(new_item(recipients=["a@example.org", "b@example.org"], sender="s@example.com"))
         assert added.sender == "s@example.com"
         assert [(r.address, r.status, r.reply) for r in added.recipients] == [
             ("a@example.org", S.PENDING, None),
@@ -59,71 +119,76 @@ class StoreContract:
         assert added.next_attempt_at == T0
         assert store.get(added.id) == added
 
-    def test_message_comes_back_byte_for_byte(self, store):
+    def test_message_comes_back_byte_for_byte(self, store: QueueStore) -> None:
         data = b"Subject: all bytes\r\n\r\n" + bytes(range(256)) + b"\r\n"
-        added = store.add(new(message=data))
+        added = store.add(new_item(message=data))
         assert store.read_message(added.id) == data
         assert added.size == len(data)
 
-    def test_read_messages_returns_each_known_message_by_id(self, store):
-        first = store.add(new(message=b"first\r\n"))
-        second = store.add(new(message=bytes(range(256))))
-        gone = store.add(new())
+    def test_read_messages_returns_each_known_message_by_id(self, store: QueueStore) -> None:
+        first = store.add(new_item(message=b"first\r\n"))
+        second = store.add(new_item(message=bytes(range(256))))
+        gone = store.add(new_item())
         store.cancel(gone.id)
         found = store.read_messages([first.id, second.id, gone.id, "not-an-id", "bad\x00id"])
         assert found == {first.id: b"first\r\n", second.id: bytes(range(256))}
         assert store.read_messages([]) == {}
 
-    def test_get_and_read_message_of_an_unknown_id_are_none(self, store):
+    def test_get_and_read_message_of_an_unknown_id_are_none(self, store: QueueStore) -> None:
         assert store.get("00000000-0000-4000-8000-000000000000") is None
         assert store.get("not-an-id") is None
         assert store.read_message("00000000-0000-4000-8000-000000000000") is None
 
-    def test_list_is_earliest_due_first_then_oldest(self, store):
-        late = store.add(new(next_attempt_at=T0 + timedelta(hours=1)))
-        first = store.add(new())
-        second = store.add(new())
+    def test_list_is_earliest_due_first_then_oldest(self, store: QueueStore) -> None:
+        late = store.add(new_item(next_attempt_at=T0 + timedelta(hours=1)))
+        first = store.add(new_item())
+        second = store.add(new_item())
         assert [i.id for i in store.list()] == [first.id, second.id, late.id]
         assert [i.id for i in store.list(offset=1, limit=1)] == [second.id]
         assert store.count() == 3
 
-    def test_add_many_adds_all(self, store):
-        added = store.add_many([new(), new(), new()])
+    def test_add_many_adds_all(self, store: QueueStore) -> None:
+        added = store.add_many([new_item(), new_item(), new_item()])
         assert store.count() == 3
         assert {i.id for i in store.list()} == {i.id for i in added}
 
-    def test_a_known_key_returns_the_queued_item_and_adds_nothing(self, store):
-        first = store.add(new(key="order-42"))
-        again = store.add(new(key="order-42", sender="other@example.com"))
+    def test_a_known_key_returns_the_queued_item_and_adds_nothing(self, store: QueueStore) -> None:
+        first = store.add(new_item(key="order-42"))
+        again = store.add(new_item(key="order-42", sender="other@example.com"))
         assert again.id == first.id
         assert again.sender == first.sender
         assert store.count() == 1
 
-    def test_a_key_is_free_again_once_its_item_left(self, store):
-        first = store.add(new(key="once"))
+    def test_a_key_is_free_again_once_its_item_left(self, store: QueueStore) -> None:
+        first = store.add(new_item(key="once"))
         store.cancel(first.id)
-        assert store.add(new(key="once")).id != first.id
+        assert store.add(new_item(key="once")).id != first.id
 
-    def test_max_items_refuses_beyond_the_limit_and_adds_nothing(self, store):
-        store.add_many([new(), new()], max_items=3)
+    def test_max_items_refuses_beyond_the_limit_and_adds_nothing(self, store: QueueStore) -> None:
+        store.add_many([new_item(), new_item()], max_items=3)
         with pytest.raises(QueueError) as error:
-            store.add_many([new(), new()], max_items=3)
+            store.add_many([new_item(), new_item()], max_items=3)
         assert error.value.code == "FULL"
         assert store.count() == 2
-        store.add(new(), max_items=3)
+        store.add(new_item(), max_items=3)
         assert store.count() == 3
 
     @pytest.mark.parametrize("field", ["sender", "recipient", "key"])
     @pytest.mark.parametrize("bad", ["nul\x00here@example.org", "lone\ud800@example.org"])
-    def test_text_a_store_cannot_keep_is_invalid(self, store, field, bad):
-        kwargs = {"sender": {"sender": bad}, "recipient": {"recipients": [bad]}, "key": {"key": bad}}[field]
+    def test_text_a_store_cannot_keep_is_invalid(self, store: QueueStore, field: str, bad: str) -> None:
+        fields: dict[str, dict[str, Any]] = {
+            "sender": {"sender": bad},
+            "recipient": {"recipients": [bad]},
+            "key": {"key": bad},
+        }
+        kwargs = fields[field]
         with pytest.raises(QueueError) as error:
-            store.add(new(**kwargs))
+            store.add(new_item(**kwargs))
         assert error.value.code == "INVALID"
         assert store.count() == 0
 
-    def test_nothing_returned_is_shared_with_what_is_kept(self, store):
-        added = store.add(new())
+    def test_nothing_returned_is_shared_with_what_is_kept(self, store: QueueStore) -> None:
+        added = store.add(new_item())
         added.recipients.clear()
         got = store.get(added.id)
         assert len(got.recipients) == 1
@@ -132,10 +197,10 @@ class StoreContract:
 
     # -- claim --------------------------------------------------------------------------
 
-    def test_claim_takes_due_items_earliest_first_and_leases_them(self, store):
-        later = store.add(new(next_attempt_at=T0 - timedelta(minutes=1)))
-        earliest = store.add(new(next_attempt_at=T0 - timedelta(minutes=5)))
-        store.add(new(next_attempt_at=T0 + timedelta(minutes=1)))  # not due
+    def test_claim_takes_due_items_earliest_first_and_leases_them(self, store: QueueStore) -> None:
+        later = store.add(new_item(next_attempt_at=T0 - timedelta(minutes=1)))
+        earliest = store.add(new_item(next_attempt_at=T0 - timedelta(minutes=5)))
+        store.add(new_item(next_attempt_at=T0 + timedelta(minutes=1)))  # not due
         claimed = store.claim(owner="w1", now=T0, lease_until=T0 + LEASE, limit=10)
         assert [i.id for i in claimed] == [earliest.id, later.id]
         for item in claimed:
@@ -145,34 +210,34 @@ class StoreContract:
             assert item.next_attempt_at == T0 + LEASE
             assert store.get(item.id) == item
 
-    def test_claim_respects_the_limit(self, store):
-        store.add_many([new() for _ in range(5)])
+    def test_claim_respects_the_limit(self, store: QueueStore) -> None:
+        store.add_many([new_item() for _ in range(5)])
         assert len(store.claim(owner="w1", now=T0, lease_until=T0 + LEASE, limit=3)) == 3
         assert len(store.claim(owner="w2", now=T0, lease_until=T0 + LEASE, limit=3)) == 2
 
-    def test_a_leased_item_is_not_claimed_again(self, store):
-        store.add(new())
+    def test_a_leased_item_is_not_claimed_again(self, store: QueueStore) -> None:
+        store.add(new_item())
         assert claim_one(store, "w1") is not None
         assert claim_one(store, "w2", now=T0 + LEASE - timedelta(seconds=1)) is None
 
-    def test_an_expired_lease_is_claimable(self, store):
-        added = store.add(new())
+    def test_an_expired_lease_is_claimable(self, store: QueueStore) -> None:
+        added = store.add(new_item())
         claim_one(store, "w1")
         again = claim_one(store, "w2", now=T0 + LEASE)
         assert again.id == added.id
         assert again.lease_owner == "w2"
 
-    def test_equally_due_items_come_oldest_first(self, store):
-        ids = [store.add(new()).id for _ in range(4)]
+    def test_equally_due_items_come_oldest_first(self, store: QueueStore) -> None:
+        ids = [store.add(new_item()).id for _ in range(4)]
         assert [claim_one(store).id for _ in ids] == ids
 
-    def test_claim_with_an_empty_owner_is_invalid(self, store):
+    def test_claim_with_an_empty_owner_is_invalid(self, store: QueueStore) -> None:
         with pytest.raises(QueueError) as error:
             store.claim(owner="", now=T0, lease_until=T0 + LEASE)
         assert error.value.code == "INVALID"
 
-    def test_retry_now_on_a_leased_item_keeps_the_lease(self, store):
-        added = store.add(new())
+    def test_retry_now_on_a_leased_item_keeps_the_lease(self, store: QueueStore) -> None:
+        added = store.add(new_item())
         claim_one(store, "w1")
         assert store.reschedule(added.id, at=T0) is True
         assert claim_one(store, "w2", now=T0 + timedelta(seconds=1)) is None
@@ -180,21 +245,21 @@ class StoreContract:
 
     # -- renew ------------------------------------------------------------------------
 
-    def test_renew_extends_the_owners_lease_only(self, store):
-        added = store.add(new())
+    def test_renew_extends_the_owners_lease_only(self, store: QueueStore) -> None:
+        added = store.add(new_item())
         claim_one(store, "w1")
         assert store.renew(added.id, owner="w2", lease_until=T0 + 2 * LEASE) is False
         assert store.renew(added.id, owner="w1", lease_until=T0 + 2 * LEASE) is True
         assert claim_one(store, "w2", now=T0 + LEASE + timedelta(seconds=1)) is None
         assert store.get(added.id).lease_expires_at == T0 + 2 * LEASE
 
-    def test_renew_of_an_unknown_item_is_false(self, store):
+    def test_renew_of_an_unknown_item_is_false(self, store: QueueStore) -> None:
         assert store.renew("00000000-0000-4000-8000-000000000000", owner="w1", lease_until=T0) is False
 
     # -- complete ---------------------------------------------------------------------
 
-    def test_complete_records_outcomes_schedule_count_and_lets_go(self, store):
-        added = store.add(new(recipients=["a@example.org", "b@example.org"]))
+    def test_complete_records_outcomes_schedule_count_and_lets_go(self, store: QueueStore) -> None:
+        added = store.add(new_item(recipients=["a@example.org", "b@example.org"]))
         claim_one(store)
         next_at = T0 + timedelta(minutes=15)
         recorded = store.complete(
@@ -211,10 +276,14 @@ class StoreContract:
         assert claim_one(store, "w2", now=next_at - timedelta(seconds=1)) is None
         assert claim_one(store, "w2", now=next_at).id == added.id
 
-    def test_a_final_status_never_changes(self, store):
-        added = store.add(new(recipients=["a@example.org", "b@example.org"]))
+    def test_a_final_status_never_changes(self, store: QueueStore) -> None:
+        added = store.add(new_item(recipients=["a@example.org", "b@example.org"]))
         claim_one(store)
-        store.complete(added.id, owner="w1", result=result(T0, **{"a@example.org": (S.DELIVERED, OK), "b@example.org": (S.DEFERRED, LATER)}))
+        store.complete(
+            added.id,
+            owner="w1",
+            result=result(T0, **{"a@example.org": (S.DELIVERED, OK), "b@example.org": (S.DEFERRED, LATER)}),
+        )
         claim_one(store, now=T0)
         recorded = store.complete(
             added.id,
@@ -224,19 +293,21 @@ class StoreContract:
         assert recorded.recipients[0].status == S.DELIVERED
         assert recorded.recipients[0].reply == OK
 
-    def test_an_item_whose_recipients_are_all_final_is_dropped_with_its_message(self, store):
-        added = store.add(new(recipients=["a@example.org", "b@example.org"]))
+    def test_an_item_whose_recipients_are_all_final_is_dropped_with_its_message(self, store: QueueStore) -> None:
+        added = store.add(new_item(recipients=["a@example.org", "b@example.org"]))
         claim_one(store)
         recorded = store.complete(
-            added.id, owner="w1", result=result(T0, **{"a@example.org": (S.DELIVERED, OK), "b@example.org": (S.FAILED, NO_SUCH_USER)})
+            added.id,
+            owner="w1",
+            result=result(T0, **{"a@example.org": (S.DELIVERED, OK), "b@example.org": (S.FAILED, NO_SUCH_USER)}),
         )
         assert recorded.is_finished
         assert store.get(added.id) is None
         assert store.read_message(added.id) is None
         assert store.count() == 0
 
-    def test_a_stale_owner_records_nothing(self, store):
-        added = store.add(new())
+    def test_a_stale_owner_records_nothing(self, store: QueueStore) -> None:
+        added = store.add(new_item())
         claim_one(store, "w1")
         claim_one(store, "w2", now=T0 + LEASE)  # w1's lease expired; w2 took the item
         with pytest.raises(QueueError) as error:
@@ -247,19 +318,19 @@ class StoreContract:
         assert item.attempts == 0
         assert item.lease_owner == "w2"
 
-    def test_complete_of_an_item_cancelled_meanwhile_is_none(self, store):
-        added = store.add(new())
+    def test_complete_of_an_item_cancelled_meanwhile_is_none(self, store: QueueStore) -> None:
+        added = store.add(new_item())
         claim_one(store, "w1")
         assert store.cancel(added.id) is not None
         assert store.complete(added.id, owner="w1", result=result(T0)) is None
 
-    def test_complete_without_counting_an_attempt(self, store):
-        added = store.add(new())
+    def test_complete_without_counting_an_attempt(self, store: QueueStore) -> None:
+        added = store.add(new_item())
         claim_one(store)
         assert store.complete(added.id, owner="w1", result=result(T0, count=False)).attempts == 0
 
-    def test_complete_refuses_reply_text_it_cannot_keep(self, store):
-        added = store.add(new())
+    def test_complete_refuses_reply_text_it_cannot_keep(self, store: QueueStore) -> None:
+        added = store.add(new_item())
         claim_one(store)
         bad = dataclasses.replace(LATER, text="bad\x00text")
         with pytest.raises(QueueError) as error:
@@ -267,19 +338,19 @@ class StoreContract:
         assert error.value.code == "INVALID"
         assert store.get(added.id).recipients[0].status == S.PENDING
 
-    def test_complete_many_records_each_as_complete_would(self, store):
-        finished = store.add(new(recipients=["a@example.org"]))
-        deferred = store.add(new(recipients=["b@example.org"]))
-        lost = store.add(new(recipients=["c@example.org"]))
-        cancelled = store.add(new(recipients=["d@example.org"]))
+    def test_complete_many_records_each_as_complete_would(self, store: QueueStore) -> None:
+        finished = store.add(new_item(recipients=["a@example.org"]))
+        deferred = store.add(new_item(recipients=["b@example.org"]))
+        lost = store.add(new_item(recipients=["c@example.org"]))
+        cancelled = store.add(new_item(recipients=["d@example.org"]))
         assert len(store.claim(owner="w1", now=T0, lease_until=T0 + LEASE, limit=4)) == 4
         store.reschedule(lost.id, at=T0, owner="w1")
         claim_one(store, "w2")  # w1 gave ``lost`` back and w2 took it
         store.cancel(cancelled.id)
         next_at = T0 + timedelta(minutes=15)
         done = store.complete_many(
-            "w1",
-            [
+            owner="w1",
+            results=[
                 (finished.id, result(next_at, **{"a@example.org": (S.DELIVERED, OK)})),
                 (deferred.id, result(next_at, **{"b@example.org": (S.DEFERRED, LATER)})),
                 (lost.id, result(next_at, **{"c@example.org": (S.DELIVERED, OK)})),
@@ -299,13 +370,13 @@ class StoreContract:
         assert store.get(lost.id).lease_owner == "w2"
         assert done[3:] == [None, None]
 
-    def test_complete_many_of_nothing_is_nothing(self, store):
-        assert store.complete_many("w1", []) == []
+    def test_complete_many_of_nothing_is_nothing(self, store: QueueStore) -> None:
+        assert store.complete_many([], owner="w1") == []
 
     # -- reschedule, cancel -----------------------------------------------------------
 
-    def test_reschedule_by_the_owner_gives_the_item_back_without_an_attempt(self, store):
-        added = store.add(new())
+    def test_reschedule_by_the_owner_gives_the_item_back_without_an_attempt(self, store: QueueStore) -> None:
+        added = store.add(new_item())
         claim_one(store, "w1")
         assert store.reschedule(added.id, at=T0, owner="w2") is False
         assert store.reschedule(added.id, at=T0, owner="w1") is True
@@ -313,17 +384,17 @@ class StoreContract:
         assert (item.lease_owner, item.lease_expires_at, item.attempts, item.next_attempt_at) == (None, None, 0, T0)
         assert claim_one(store, "w2").id == added.id
 
-    def test_reschedule_with_an_empty_owner_is_invalid(self, store):
+    def test_reschedule_with_an_empty_owner_is_invalid(self, store: QueueStore) -> None:
         with pytest.raises(QueueError) as error:
             store.reschedule("00000000-0000-4000-8000-000000000000", at=T0, owner="")
         assert error.value.code == "INVALID"
 
-    def test_reschedule_of_an_unknown_item_is_false(self, store):
+    def test_reschedule_of_an_unknown_item_is_false(self, store: QueueStore) -> None:
         assert store.reschedule("00000000-0000-4000-8000-000000000000", at=T0) is False
         assert store.reschedule("nul\x00id", at=T0) is False
 
-    def test_cancel_drops_the_item_and_message_and_returns_it(self, store):
-        added = store.add(new())
+    def test_cancel_drops_the_item_and_message_and_returns_it(self, store: QueueStore) -> None:
+        added = store.add(new_item())
         cancelled = store.cancel(added.id)
         assert cancelled == added
         assert store.get(added.id) is None
@@ -332,44 +403,56 @@ class StoreContract:
 
     # -- reading for operators: search, message heads, summary, estimated count --------
 
-    def _three_states(self, store):
+    def _three_states(self, store: QueueStore) -> tuple[QueueItem, QueueItem, QueueItem]:
         """An item queued, one deferred, one being delivered (at T0 + 1 minute)."""
-        delivering = store.add(new(recipients=["d@leased.example"]))
+        delivering = store.add(new_item(recipients=["d@leased.example"]))
         claim_one(store, "w1")  # lease until T0 + LEASE
-        deferred = store.add(new(recipients=["Late@Slow.Example"], sender="Billing@Shop.example"))
+        deferred = store.add(new_item(recipients=["Late@Slow.Example"], sender="Billing@Shop.example"))
         claim_one(store, "w2")
-        store.complete(deferred.id, owner="w2", result=result(T0 + timedelta(minutes=30), **{"Late@Slow.Example": (S.DEFERRED, LATER)}))
-        queued = store.add(new(recipients=["q@fast.example", "r@slow.example"], next_attempt_at=T0 + timedelta(minutes=5)))
+        store.complete(
+            deferred.id,
+            owner="w2",
+            result=result(T0 + timedelta(minutes=30), **{"Late@Slow.Example": (S.DEFERRED, LATER)}),
+        )
+        queued = store.add(
+            new_item(recipients=["q@fast.example", "r@slow.example"], next_attempt_at=T0 + timedelta(minutes=5))
+        )
         return queued, deferred, delivering
 
-    def test_search_without_a_filter_is_the_list(self, store):
-        store.add_many([new(), new(next_attempt_at=T0 - timedelta(minutes=1)), new()])
+    def test_search_without_a_filter_is_the_list(self, store: QueueStore) -> None:
+        store.add_many([new_item(), new_item(next_attempt_at=T0 - timedelta(minutes=1)), new_item()])
         now = T0 + timedelta(minutes=1)
         assert store.search(ItemQuery(now=now)) == store.list()
         assert store.search(ItemQuery(now=now), offset=1, limit=1) == store.list(offset=1, limit=1)
 
-    def test_search_by_state(self, store):
+    def test_search_by_state(self, store: QueueStore) -> None:
         queued, deferred, delivering = self._three_states(store)
         now = T0 + timedelta(minutes=1)
         found = {state: [i.id for i in store.search(ItemQuery(now=now, state=state))] for state in ItemState}
-        assert found == {ItemState.QUEUED: [queued.id], ItemState.DEFERRED: [deferred.id], ItemState.DELIVERING: [delivering.id]}
+        assert found == {
+            ItemState.QUEUED: [queued.id],
+            ItemState.DEFERRED: [deferred.id],
+            ItemState.DELIVERING: [delivering.id],
+        }
         # Once its lease has expired, an item is no longer being delivered.
         later = T0 + LEASE + timedelta(seconds=1)
         assert [i.id for i in store.search(ItemQuery(now=later, state=ItemState.QUEUED))] == [queued.id, delivering.id]
 
-    def test_search_by_recipient_domain_ignores_case_and_takes_whole_domains(self, store):
+    def test_search_by_recipient_domain_ignores_case_and_takes_whole_domains(self, store: QueueStore) -> None:
         queued, deferred, _ = self._three_states(store)
-        store.add(new(recipients=["x@notslow.example"]))
+        store.add(new_item(recipients=["x@notslow.example"]))
         now = T0 + timedelta(minutes=1)
         assert [i.id for i in store.search(ItemQuery(now=now, domain="SLOW.example"))] == [queued.id, deferred.id]
-        assert [i.id for i in store.search(ItemQuery(now=now, domain="slow.example", state=ItemState.DEFERRED))] == [deferred.id]
+        assert [i.id for i in store.search(ItemQuery(now=now, domain="slow.example", state=ItemState.DEFERRED))] == [
+            deferred.id
+        ]
         assert store.search(ItemQuery(now=now, domain="example")) == []
 
-    def test_search_by_text_matches_id_sender_and_recipients(self, store):
+    def test_search_by_text_matches_id_sender_and_recipients(self, store: QueueStore) -> None:
         queued, deferred, delivering = self._three_states(store)
         now = T0 + timedelta(minutes=1)
 
-        def ids(text):
+        def ids(text: str) -> set[str]:
             return {i.id for i in store.search(ItemQuery(now=now, text=text))}
 
         assert ids(delivering.id) == {delivering.id}
@@ -380,25 +463,25 @@ class StoreContract:
         assert ids("nobody-has-this") == set()
         assert ids("100%_") == set()
 
-    def test_search_pages_count_matching_items_only(self, store):
-        matching = [store.add(new(recipients=[f"m{n}@match.example"])).id for n in range(5)]
-        store.add_many([new() for _ in range(5)])
+    def test_search_pages_count_matching_items_only(self, store: QueueStore) -> None:
+        matching = [store.add(new_item(recipients=[f"m{n}@match.example"])).id for n in range(5)]
+        store.add_many([new_item() for _ in range(5)])
         now = T0
         query = ItemQuery(now=now, domain="match.example")
         assert [i.id for i in store.search(query, offset=0, limit=2)] == matching[:2]
         assert [i.id for i in store.search(query, offset=2, limit=2)] == matching[2:4]
         assert [i.id for i in store.search(query, offset=4, limit=2)] == matching[4:]
 
-    def test_read_message_heads_gives_the_start_of_each_message(self, store):
-        one = store.add(new(message=b"Subject: one\r\n\r\n" + b"x" * 100))
-        two = store.add(new(message=b"Subject: two\r\n\r\nshort"))
+    def test_read_message_heads_gives_the_start_of_each_message(self, store: QueueStore) -> None:
+        one = store.add(new_item(message=b"Subject: one\r\n\r\n" + b"x" * 100))
+        two = store.add(new_item(message=b"Subject: two\r\n\r\nshort"))
         heads = store.read_message_heads([one.id, two.id, "00000000-0000-4000-8000-000000000000", "not-an-id"], size=16)
         assert heads == {one.id: b"Subject: one\r\n\r\n", two.id: b"Subject: two\r\n\r\n"}
         assert store.read_message_heads([]) == {}
 
-    def test_summary_counts_states_and_draws_the_shape(self, store):
+    def test_summary_counts_states_and_draws_the_shape(self, store: QueueStore) -> None:
         self._three_states(store)
-        old = store.add(new(recipients=["o@slow.example"], created_at=T0 - timedelta(hours=30)))
+        old = store.add(new_item(recipients=["o@slow.example"], created_at=T0 - timedelta(hours=30)))
         now = T0 + timedelta(minutes=1)
         summary = store.summary(now=now)
         assert summary.total == 4
@@ -415,18 +498,22 @@ class StoreContract:
         assert summary.shape[0].domain == "slow.example"  # the most pending first
         assert store.summary(now=now, age_buckets=[timedelta(minutes=2)]).shape[0].buckets == (2, 1)
 
-    def test_summary_leaves_final_recipients_out(self, store):
-        added = store.add(new(recipients=["a@one.example", "b@two.example"]))
+    def test_summary_leaves_final_recipients_out(self, store: QueueStore) -> None:
+        added = store.add(new_item(recipients=["a@one.example", "b@two.example"]))
         claim_one(store)
-        store.complete(added.id, owner="w1", result=result(T0, **{"a@one.example": (S.DELIVERED, OK), "b@two.example": (S.DEFERRED, LATER)}))
+        store.complete(
+            added.id,
+            owner="w1",
+            result=result(T0, **{"a@one.example": (S.DELIVERED, OK), "b@two.example": (S.DEFERRED, LATER)}),
+        )
         summary = store.summary(now=T0)
         assert [(d.domain, d.total) for d in summary.shape] == [("two.example", 1)]
         assert summary.pending_recipients == 1
 
-    def test_summary_of_an_empty_queue(self, store):
+    def test_summary_of_an_empty_queue(self, store: QueueStore) -> None:
         summary = store.summary(now=T0)
         assert (summary.total, summary.oldest_created_at, summary.shape, summary.due) == (0, None, (), 0)
 
-    def test_estimated_count_of_a_small_queue_is_exact(self, store):
-        store.add_many([new(), new(), new()])
+    def test_estimated_count_of_a_small_queue_is_exact(self, store: QueueStore) -> None:
+        store.add_many([new_item(), new_item(), new_item()])
         assert store.estimated_count() == 3

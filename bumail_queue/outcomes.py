@@ -1,0 +1,368 @@
+"""What an attempt decided, and the recorder that writes it down and tells of it.
+
+``decide_attempt()`` turns the replies of one attempt at an item into what the store
+records: a deferral past ``MAX_AGE`` becomes a failure (``4.4.7``), the next attempt
+is scheduled, a delay DSN falls due. The ``Recorder`` then records a batch of
+attempts in one step of the store and tells each one on its own: the worker's
+counts, a log line per recipient, the signals, the delivery log (gathered into one
+write per batch) and the DSNs, which it queues through the enqueue callable it is
+given. The worker owns one recorder and calls it from its recorder thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from django.db import connections
+
+from bumail_queue import delivery_log, mime, signals
+from bumail_queue.conf import QueueSettings
+from bumail_queue.delivery.dsn import DSNKind, ReportedRecipient, build_dsn
+from bumail_queue.delivery.retry import has_expired, is_delay_due, retry_delay
+from bumail_queue.errors import ErrorCode, QueueError
+from bumail_queue.items import (
+    AttemptResult,
+    Outcome,
+    QueueItem,
+    RecipientStatus,
+    Reply,
+    reply_line,
+)
+from bumail_queue.stores import QueueStore
+
+__all__ = [
+    "RECORD_RETRY_DELAYS",
+    "Attempt",
+    "Enqueue",
+    "Recorder",
+    "Stats",
+    "close_broken_connections",
+    "decide_attempt",
+    "report_error",
+    "store_enqueue",
+]
+
+# The worker's log lines, whichever of its modules writes them: operators filter on
+# this name (docs/worker.md).
+logger = logging.getLogger("bumail_queue.worker")
+
+RECORD_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0)
+"""Seconds between the tries of a record the store refused as unavailable."""
+
+Clock = Callable[[], datetime]
+
+
+class Enqueue(Protocol):
+    """Queues a message the worker wrote itself (a DSN); ``QueueService.enqueue`` is one."""
+
+    def __call__(self, message: bytes, *, sender: str, recipients: Sequence[str]) -> QueueItem: ...
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class Attempt:
+    """What one attempt at an item decided, before it is recorded."""
+
+    item: QueueItem
+    result: AttemptResult
+    remote_hosts: dict[str, str | None]
+    tls: dict[str, bool] = dataclasses.field(default_factory=dict)
+    lost_message: bool = False
+    delay_due: bool = False
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class Stats:
+    """What a worker did: items attempted, recipients by outcome, and store failures."""
+
+    items: int = 0
+    delivered: int = 0
+    deferred: int = 0
+    failed: int = 0
+    #: Claims the store refused, and batches whose outcomes it could not record.
+    store_errors: int = 0
+
+
+def decide_attempt(
+    item: QueueItem,
+    outcomes: dict[str, Outcome],
+    remote_hosts: dict[str, str | None],
+    *,
+    settings: QueueSettings,
+    now: datetime,
+    rng: random.Random,
+    tls: dict[str, bool] | None = None,
+    lost_message: bool = False,
+) -> Attempt:
+    """Return what recording the replies of one attempt at ``item`` must write."""
+    if has_expired(item.created_at, now, settings):
+        outcomes = {address: _expired(outcome, settings.max_age) for address, outcome in outcomes.items()}
+    still_deferred = any(o.status == RecipientStatus.DEFERRED for o in outcomes.values())
+    delay_due = (
+        bool(item.sender)
+        and still_deferred
+        and not item.delay_notified
+        and is_delay_due(item.created_at, now, settings)
+    )
+    result = AttemptResult(
+        outcomes=outcomes,
+        next_attempt_at=now + retry_delay(item.attempts + 1, settings, rng),
+        delay_notified=True if delay_due else None,
+    )
+    return Attempt(
+        item=item,
+        result=result,
+        remote_hosts=remote_hosts,
+        tls=tls or {},
+        lost_message=lost_message,
+        delay_due=delay_due,
+    )
+
+
+def close_broken_connections() -> None:
+    """Close this thread's database connections that broke, so the next query reopens them.
+
+    Not ``close_old_connections()``: under ``CONN_MAX_AGE = 0`` that closes every
+    connection each time, and a worker would reconnect for every claim.
+    """
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is not None and connection.errors_occurred and not connection.is_usable():
+            connection.close()
+
+
+def report_error(error: BaseException, item_id: str | None) -> None:
+    """Log an error the worker met and send the ``error`` signal about it."""
+    logger.warning("error item=%s %s", item_id, error, extra={"action": "error", "item_id": item_id})
+    signals.send(signals.error, error=error, item_id=item_id)
+
+
+def store_enqueue(store: QueueStore, settings: QueueSettings, clock: Clock) -> Enqueue:
+    """Return an ``Enqueue`` that adds to ``store`` what ``QueueService.enqueue`` would.
+
+    The message is checked and completed as any other (size, recipients, a
+    ``Message-ID`` and ``Date`` when missing), and due at once.
+    """
+
+    def enqueue(message: bytes, *, sender: str, recipients: Sequence[str]) -> QueueItem:
+        now = clock()
+        prepared = mime.from_bytes(
+            message,
+            sender=sender,
+            recipients=recipients,
+            hostname=settings.hostname,
+            now=now,
+            max_size=settings.max_message_size,
+            max_recipients=settings.max_recipients,
+        )
+        return store.add(prepared.new_item(now=now, next_attempt_at=now), max_items=settings.max_items)
+
+    return enqueue
+
+
+class Recorder:
+    """Records attempts in the store, then tells each one: counts, log, signals, DSNs.
+
+    ``lease_until`` says until when the worker holds an item's lease (``None`` once it
+    no longer does): an item gone from the store while the lease held was cancelled,
+    one gone after it was lost to another worker.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: QueueStore,
+        settings: QueueSettings,
+        owner: str,
+        clock: Clock,
+        enqueue: Enqueue,
+        stats: Stats,
+        lease_until: Callable[[str], datetime | None],
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.owner = owner
+        self.clock = clock
+        self.enqueue = enqueue
+        self.stats = stats
+        self._lease_until = lease_until
+        self._counting = threading.Lock()
+
+    def complete_many(self, attempts: Sequence[Attempt]) -> list[QueueItem | None]:
+        """Complete attempts in one step of the store (``QueueStore.complete_many``), then tell each one.
+
+        A store that is briefly unavailable (a restart, a failover) is tried again a
+        few times: the mail has gone out, and an outcome not recorded means sending
+        it again once the lease expires.
+        """
+        results = [(a.item.id, a.result) for a in attempts]
+        delays = iter(RECORD_RETRY_DELAYS)
+        while True:
+            try:
+                done = self.store.complete_many(results, owner=self.owner)
+                break
+            except QueueError as error:
+                delay = next(delays, None) if error.code == ErrorCode.STORE_UNAVAILABLE else None
+                if delay is None:
+                    with self._counting:
+                        self.stats.store_errors += 1
+                    for attempt in attempts:
+                        report_error(error, attempt.item.id)
+                    return [None] * len(attempts)
+                logger.warning(
+                    "recording again in %gs items=%d: %s", delay, len(attempts), error, extra={"action": "error"}
+                )
+                time.sleep(delay)
+                close_broken_connections()
+        with delivery_log.gathered():  # the batch's log entries in one INSERT
+            return [self._told_alone(attempt, recorded) for attempt, recorded in zip(attempts, done, strict=True)]
+
+    def _told_alone(self, attempt: Attempt, recorded: QueueItem | QueueError | None) -> QueueItem | None:
+        """Tell one attempt; what goes wrong there is that item's alone, never the batch's.
+
+        The outcomes are recorded by now: an exception here must not cost the other
+        items of the batch their signals, log entries and DSNs.
+        """
+        try:
+            return self._told(attempt, recorded)
+        except Exception as error:  # a bug: reported for this item, the batch goes on
+            logger.exception(
+                "telling an outcome failed item=%s",
+                attempt.item.id,
+                extra={"action": "error", "item_id": attempt.item.id},
+            )
+            report_error(error, attempt.item.id)
+            return recorded if isinstance(recorded, QueueItem) else None
+
+    def _told(self, attempt: Attempt, recorded: QueueItem | QueueError | None) -> QueueItem | None:
+        """Send what one recorded attempt calls for: its signals, its DSNs, its errors."""
+        item = attempt.item
+        if isinstance(recorded, QueueError):
+            report_error(recorded, item.id)
+            return None
+        if recorded is None:
+            lease_until = self._lease_until(item.id)
+            if lease_until is not None and self.clock() < lease_until and not attempt.lost_message:
+                # Cancelled while we held the lease: say what the session did, no DSN.
+                self._tell_outcomes(attempt, None)
+            elif not attempt.lost_message:
+                report_error(
+                    QueueError(
+                        ErrorCode.LEASE_LOST,
+                        f"Item {item.id} left the queue after its lease expired: lost to another worker or cancelled; nothing was recorded.",
+                        item_id=item.id,
+                    ),
+                    item.id,
+                )
+            return None
+        if attempt.lost_message:
+            report_error(
+                QueueError(
+                    ErrorCode.MESSAGE_UNREADABLE,
+                    f"The message of {item.id} is unreadable: the store holds the item but not its message, so every pending recipient failed.",
+                    item_id=item.id,
+                ),
+                item.id,
+            )
+        self._tell_outcomes(attempt, recorded)
+        self._send_dsns(attempt)
+        return recorded
+
+    def _tell_outcomes(self, attempt: Attempt, recorded: QueueItem | None) -> None:
+        item = attempt.item
+        with self._counting:
+            self.stats.items += 1
+            for outcome in attempt.result.outcomes.values():
+                name = outcome.status.value
+                setattr(self.stats, name, getattr(self.stats, name) + 1)
+        for address, outcome in attempt.result.outcomes.items():
+            reply = outcome.reply
+            logger.info(
+                "outcome item=%s recipient=%s status=%s reply=%s",
+                item.id, address, outcome.status.value, reply_line(reply),
+                extra={"action": outcome.status.value, "item_id": item.id},
+            )  # fmt: skip
+            # The delivery log keeps the sender and the host that gave the reply.
+            told = {
+                "item_id": item.id,
+                "recipient": address,
+                "reply": reply,
+                "envelope_sender": item.sender,
+                "remote_host": attempt.remote_hosts.get(address),
+                "tls": attempt.tls.get(address, False),
+            }
+            if outcome.status == RecipientStatus.DELIVERED:
+                signals.send(signals.delivered, **told)
+            elif outcome.status == RecipientStatus.FAILED:
+                signals.send(signals.failed, **told)
+            else:
+                next_at = recorded.next_attempt_at if recorded is not None else attempt.result.next_attempt_at
+                signals.send(signals.deferred, **told, next_attempt_at=next_at)
+
+    def _send_dsns(self, attempt: Attempt) -> None:
+        item = attempt.item
+        if not item.sender:
+            return  # never a DSN about a message from <> (RFC 5321 §4.5.5)
+        now = self.clock()
+        failed = [a for a, o in attempt.result.outcomes.items() if o.status == RecipientStatus.FAILED]
+        if failed:
+            self._send_dsn("failed", attempt, failed, now)
+        if attempt.delay_due:
+            delayed = [a for a, o in attempt.result.outcomes.items() if o.status == RecipientStatus.DEFERRED]
+            self._send_dsn("delayed", attempt, delayed, now)
+
+    def _send_dsn(self, kind: DSNKind, attempt: Attempt, addresses: list[str], now: datetime) -> None:
+        item = attempt.item
+        reported = [
+            ReportedRecipient(
+                address=address,
+                action=kind,
+                reply=attempt.result.outcomes[address].reply,
+                remote_mta=attempt.remote_hosts.get(address),
+                last_attempt_at=now,
+            )
+            for address in addresses
+        ]
+        try:
+            original = None if attempt.lost_message else self.store.read_message(item.id)
+            data = build_dsn(
+                kind=kind,
+                reporting_mta=self.settings.hostname,
+                original=item,
+                original_message=original,
+                recipients=reported,
+                now=now,
+                will_retry_until=item.created_at + self.settings.max_age if kind == "delayed" else None,
+            )
+            dsn_item = self.enqueue(data, sender="", recipients=[item.sender])
+        except QueueError as error:
+            report_error(error, item.id)
+            return
+        except Exception as error:  # a DSN that cannot be built: this item's alone
+            logger.exception(
+                "a %s DSN could not be built item=%s", kind, item.id, extra={"action": "error", "item_id": item.id}
+            )
+            report_error(error, item.id)
+            return
+        signals.send(signals.dsn, kind=kind, dsn_id=dsn_item.id, of=item.id, to=item.sender, recipients=addresses)
+
+
+def _expired(outcome: Outcome, max_age: timedelta) -> Outcome:
+    """Turn a deferral past ``MAX_AGE`` into a final failure (4.4.7), keeping the last reply."""
+    if outcome.status != RecipientStatus.DEFERRED:
+        return outcome
+    reply = outcome.reply
+    text = f"Delivery time expired after {_days(max_age)}; last reply: {reply_line(reply)}"
+    return Outcome(status=RecipientStatus.FAILED, reply=Reply(code=reply.code, status="4.4.7", text=text[:512]))
+
+
+def _days(span: timedelta) -> str:
+    days = span.total_seconds() / 86400
+    if days == 1:
+        return "1 day"
+    return f"{days:g} days" if days > 1 else f"{span.total_seconds():g} seconds"

@@ -1,0 +1,98 @@
+"""What the ORM store needs of its database besides its statements.
+
+The vendors it runs on and their system checks, the default isolation level asked
+once per connection, the ``LISTEN`` connection that wakes idle workers on
+PostgreSQL, and the values raw rows hold, which differ between the drivers.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+import weakref
+from datetime import UTC, datetime
+from typing import Any
+
+from django.core import checks
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils.dateparse import parse_datetime
+
+from .base import WorkListener
+
+SUPPORTED_VENDORS = ("postgresql", "sqlite")
+#: The NOTIFY channel that enqueues, retries and give-backs signal on PostgreSQL.
+WAKE_CHANNEL = "bumail_queue"
+
+# Whether a physical connection's default isolation is READ COMMITTED, asked once.
+_read_committed_by_connection: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def default_is_read_committed(connection: BaseDatabaseWrapper) -> bool:
+    """Return whether a transaction begun on ``connection`` runs at READ COMMITTED."""
+    if connection.vendor != "postgresql":
+        return True
+    connection.ensure_connection()
+    raw = connection.connection
+    known = _read_committed_by_connection.get(raw)
+    if known is None:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW default_transaction_isolation")
+            known = cursor.fetchone()[0] == "read committed"
+        _read_committed_by_connection[raw] = known
+    return known
+
+
+def check_database(connection: BaseDatabaseWrapper, alias: str) -> list[checks.CheckMessage]:
+    """Return the system check errors about the database the ORM store is to use."""
+    vendor = connection.vendor
+    if vendor not in SUPPORTED_VENDORS:
+        return [
+            checks.Error(
+                f"The ORM store runs on PostgreSQL or SQLite; DATABASES[{alias!r}] is {vendor}.",
+                hint="Point BUMAIL_QUEUE['DATABASE'] at a PostgreSQL or SQLite database.",
+                id="bumail_queue.E013",
+            )
+        ]
+    if vendor == "sqlite" and sqlite3.sqlite_version_info < (3, 35):
+        return [
+            checks.Error(
+                f"The ORM store needs SQLite 3.35 or newer (RETURNING); this Python has {sqlite3.sqlite_version}.",
+                id="bumail_queue.E014",
+            )
+        ]
+    return []
+
+
+class PostgresListener(WorkListener):
+    """A connection of its own that LISTENs; a pooler in transaction mode cannot, and
+    then the worker's poll (``POLL_SECONDS``) still finds the work."""
+
+    def __init__(self, alias: str) -> None:
+        # A separate Django connection, so it has every option of the alias.
+        self._wrapper = connections.create_connection(alias)
+        self._wrapper.ensure_connection()
+        self._wrapper.set_autocommit(True)
+        self._raw = self._wrapper.connection
+        self._raw.execute(f"LISTEN {WAKE_CHANNEL}")
+
+    def wait(self, timeout: float) -> bool:
+        for _ in self._raw.notifies(timeout=timeout, stop_after=1):
+            return True
+        return False
+
+    def close(self) -> None:
+        self._wrapper.close()
+
+
+def aware(value: Any) -> datetime | None:
+    """Return a raw row's time as an aware UTC ``datetime``: SQLite gives text, psycopg objects."""
+    if value is None or (isinstance(value, datetime) and value.tzinfo is not None):
+        return value
+    parsed = parse_datetime(value) if isinstance(value, str) else value
+    return None if parsed is None else parsed.replace(tzinfo=UTC)
+
+
+def id_text(value: Any) -> str:
+    """Return an id as text: psycopg gives a UUID, SQLite the 32 hex digits Django keeps."""
+    return str(value if isinstance(value, uuid.UUID) else uuid.UUID(value))

@@ -1,0 +1,131 @@
+"""How the Redis store lays the queue out: its keys' names, and values as Redis keeps them.
+
+Times are whole microseconds since the epoch (``micros``), so each comes back exactly
+as it was given; an item is a hash whose fields ``item_from_fields`` reads back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+
+from bumail_queue.items import QueueItem, Recipient
+from bumail_queue.stores.base import QueueStore
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICROSECOND = timedelta(microseconds=1)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RedisKeys:
+    """The names of the queue's keys under one prefix."""
+
+    prefix: str
+
+    @property
+    def items(self) -> str:
+        """Every item, scored by its next attempt: ``list`` and ``count``."""
+        return f"{self.prefix}items"
+
+    @property
+    def ready(self) -> str:
+        """The items no lease holds, scored by their next attempt."""
+        return f"{self.prefix}ready"
+
+    @property
+    def leases(self) -> str:
+        """The leased items, scored by when their leases end."""
+        return f"{self.prefix}leases"
+
+    @property
+    def seq(self) -> str:
+        """The counter that orders items equally due."""
+        return f"{self.prefix}seq"
+
+    @property
+    def schema(self) -> str:
+        """The layout version."""
+        return f"{self.prefix}schema"
+
+    @property
+    def keys(self) -> str:
+        """A hash of idempotency key to the id of the item holding it."""
+        return f"{self.prefix}keys"
+
+    @property
+    def wake(self) -> str:
+        """The Pub/Sub channel that adds, retries and give-backs announce work on."""
+        return f"{self.prefix}wake"
+
+    def item(self, item_id: str) -> str:
+        return f"{self.prefix}item:{item_id}"
+
+    def message(self, item_id: str) -> str:
+        return f"{self.prefix}message:{item_id}"
+
+
+def micros(value: datetime) -> str:
+    """Return a time as whole microseconds since the epoch (a naive time is taken as UTC)."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return str((value - EPOCH) // MICROSECOND)
+
+
+def from_micros(raw: bytes) -> datetime:
+    return EPOCH + timedelta(microseconds=int(raw))
+
+
+def own_id(item_id: Any) -> str | None:
+    """Return the id in the form the store writes it, or ``None`` for one it never made.
+
+    Only a UUID reaches a key's name, so no id a caller gives names another key.
+    """
+    if not QueueStore.is_known_id(item_id):
+        return None
+    try:
+        return str(uuid.UUID(item_id))
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def recipients_json(recipients: Iterator[Recipient] | Sequence[Recipient]) -> str:
+    return json.dumps([r.to_dict() for r in recipients], ensure_ascii=False, separators=(",", ":"))
+
+
+def hash_fields(reply: Any) -> dict[bytes, bytes]:
+    """Return ``HGETALL``'s reply typed: bytes, since the store's connections decode nothing."""
+    return cast("dict[bytes, bytes]", reply)
+
+
+def pairs(flat: Sequence[bytes]) -> dict[bytes, bytes]:
+    """Return a hash's fields from the flat list a script returns for ``HGETALL``."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def item_from_fields(fields: Mapping[bytes, bytes]) -> QueueItem:
+    owner, expires, key = (
+        fields.get(b"owner"),
+        fields.get(b"expires"),
+        fields.get(b"key"),
+    )
+    return QueueItem(
+        id=fields[b"id"].decode(),
+        sender=fields[b"from"].decode(),
+        recipients=[Recipient.from_dict(r) for r in json.loads(fields[b"recipients"])],
+        size=int(fields[b"size"]),
+        created_at=from_micros(fields[b"created"]),
+        next_attempt_at=from_micros(fields[b"next"]),
+        attempts=int(fields[b"attempts"]),
+        delay_notified=fields[b"delay"] == b"1",
+        lease_owner=None if owner is None else owner.decode(),
+        lease_expires_at=None if expires is None else from_micros(expires),
+        key=None if key is None else key.decode(),
+    )
+
+
+def copy_item(item: QueueItem) -> QueueItem:
+    return dataclasses.replace(item, recipients=list(item.recipients))
