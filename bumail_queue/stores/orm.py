@@ -10,6 +10,10 @@ cancel) are single SQL statements with ``RETURNING``, so each is one round trip:
 - writes run at READ COMMITTED whatever the connection's default, since ``SKIP
   LOCKED`` and the ``MAX_ITEMS`` lock need that level;
 - an enqueue joins the caller's transaction: a view that rolls back queues nothing.
+
+One class holds every write because they share its plumbing (quoting, the drivers'
+values, the statement cache, the error translation); the operators' reads are in
+``orm_queries``, the database's particulars in ``orm_database``.
 """
 
 from __future__ import annotations
@@ -24,16 +28,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core import checks
-from django.db import (
-    InterfaceError,
-    OperationalError,
-    ProgrammingError,
-    connections,
-    transaction,
-)
+from django.db import InterfaceError, OperationalError, ProgrammingError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Field
 
+from bumail_queue.conf import QueueSettings
 from bumail_queue.errors import ErrorCode, QueueError, first_line
 from bumail_queue.estimates import planner_estimate
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
@@ -43,12 +41,15 @@ from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueSummary
 from . import orm_queries
 from .base import COMPLETE_TRIES, MESSAGE_HEAD_BYTES, QueueStore, WorkListener
 from .orm_database import (
+    INSERT_COLUMNS,
+    ITEM_COLUMNS,
     WAKE_CHANNEL,
     PostgresListener,
     aware,
     check_database,
     default_is_read_committed,
     id_text,
+    prep_value,
 )
 
 # Serialises adds that count against MAX_ITEMS across every process (pg_advisory_xact_lock).
@@ -57,25 +58,6 @@ _MAX_ITEMS_LOCK = 0x62756D61696C  # "bumail"
 _KEY_RACES = 3
 # How often a SQLite claim that lost every item it read to another process reads again.
 _CLAIM_RACES = 50
-
-_COLUMNS = (
-    "id", "key", "sender", "recipients", "size", "created_at", "next_attempt_at",
-    "attempts", "delay_notified", "lease_owner", "lease_expires_at",
-)  # fmt: skip
-_INSERT_COLUMNS = (
-    "id",
-    "key",
-    "sender",
-    "recipients",
-    "size",
-    "created_at",
-    "next_attempt_at",
-    "attempts",
-    "delay_notified",
-    "rev",
-)
-
-_ITEM_FIELDS: dict[str, Field[Any, Any]] = {f.attname: f for f in Item._meta.concrete_fields}
 
 
 def _built_once(method: Callable[..., str]) -> Callable[..., str]:
@@ -98,7 +80,7 @@ class ORMStore(QueueStore):
     supports_transactional_enqueue = True
     counts_are_estimates = True
 
-    def __init__(self, settings: Any) -> None:
+    def __init__(self, settings: QueueSettings) -> None:
         super().__init__(settings)
         self.alias: str = settings.database
         self.items_table = Item._meta.db_table
@@ -117,7 +99,7 @@ class ORMStore(QueueStore):
         return self.connection.ops.quote_name(name)
 
     def _prep(self, column: str, value: Any) -> Any:
-        return _ITEM_FIELDS[column].get_db_prep_save(value, self.connection)
+        return prep_value(column, value, self.connection)
 
     def _prep_id(self, item_id: str) -> Any | None:
         """Return the id as the database keeps it, or ``None`` for an id no item has."""
@@ -139,10 +121,10 @@ class ORMStore(QueueStore):
     @_built_once
     def _select_list(self, alias: str = "") -> str:
         prefix = f"{alias}." if alias else ""
-        return ", ".join(prefix + self.quote(c) for c in _COLUMNS)
+        return ", ".join(prefix + self.quote(c) for c in ITEM_COLUMNS)
 
     def _row_to_item(self, row: Sequence[Any]) -> QueueItem:
-        values = dict(zip(_COLUMNS, row, strict=False))
+        values = dict(zip(ITEM_COLUMNS, row, strict=False))
         # Raw rows skip the ORM's converters; SQLite gives text, psycopg gives objects.
         if isinstance(values["id"], str):
             values["id"] = uuid.UUID(values["id"])
@@ -195,7 +177,7 @@ class ORMStore(QueueStore):
     # -- adding -----------------------------------------------------------------------
 
     def _insert_values(self, new: NewItem) -> builtins.list[Any]:
-        # In _INSERT_COLUMNS' order. Only the columns whose form differs between the
+        # In INSERT_COLUMNS' order. Only the columns whose form differs between the
         # databases go through their field (a hot path: one call per enqueued message).
         recipients = [Recipient(address=a).to_dict() for a in new.recipients]
         return [
@@ -213,9 +195,9 @@ class ORMStore(QueueStore):
 
     @_built_once
     def _insert_sql(self, rows: int) -> str:
-        row = "(" + ", ".join(["%s"] * len(_INSERT_COLUMNS)) + ")"
+        row = "(" + ", ".join(["%s"] * len(INSERT_COLUMNS)) + ")"
         return (
-            f"INSERT INTO {self.quote(self.items_table)} ({', '.join(map(self.quote, _INSERT_COLUMNS))}) "
+            f"INSERT INTO {self.quote(self.items_table)} ({', '.join(map(self.quote, INSERT_COLUMNS))}) "
             f"VALUES {', '.join([row] * rows)} "
             f"ON CONFLICT ({self.quote('key')}) WHERE {self.quote('key')} IS NOT NULL DO NOTHING RETURNING {self.quote('id')}"
         )
@@ -254,7 +236,8 @@ class ORMStore(QueueStore):
                 return new.to_queue_item()
             # The key is taken: return its item, unless that item left the queue
             # between the two statements, in which case the key is free again.
-            existing = self._get_by_keys([new.key]).get(new.key)  # type: ignore[list-item, arg-type]
+            key = _taken_key(new)
+            existing = self._get_by_keys([key]).get(key)
             if existing is not None:
                 return existing
         raise _key_race(new)
@@ -291,7 +274,7 @@ class ORMStore(QueueStore):
                         f"The queue is full: MAX_ITEMS is {max_items} and adding {len(inserted)} would make {total}.",
                     )
         missing = [new for new in items if new.id not in by_id]
-        existing = self._get_by_keys(new.key for new in missing) if missing else {}  # type: ignore[misc]
+        existing = self._get_by_keys([_taken_key(new) for new in missing]) if missing else {}
         gone = [new for new in missing if new.key not in existing]
         if gone:
             # Their keys' items left the queue between the statements: add them anew.
@@ -299,13 +282,13 @@ class ORMStore(QueueStore):
                 raise _key_race(gone[0])
             for item in self._add_in_transaction(gone, max_items, _depth=_depth + 1):
                 by_id[item.id] = item
-                existing[item.key] = item  # type: ignore[index]
-        return [by_id[new.id] if new.id in by_id else existing[new.key] for new in items]  # type: ignore[index]
+                existing[_taken_key(item)] = item
+        return [by_id[new.id] if new.id in by_id else existing[_taken_key(new)] for new in items]
 
     def _get_by_keys(self, keys: Iterable[str]) -> dict[str, QueueItem]:
         with self.translated_errors():
             rows = Item.objects.using(self.alias).filter(key__in=list(keys))
-            return {row.key: row.to_queue_item() for row in rows}  # type: ignore[misc]
+            return {_taken_key(row): row.to_queue_item() for row in rows}
 
     # -- reading ----------------------------------------------------------------------
 
@@ -680,12 +663,10 @@ class ORMStore(QueueStore):
             row = cursor.fetchone()
         return None if row is None else self._row_to_item(row)
 
-    # -- checks -----------------------------------------------------------------------
+    # -- checks, and reading for operators (the admin, queue_status): orm_queries.py ----
 
     def check(self, **kwargs: Any) -> builtins.list[checks.CheckMessage]:
         return check_database(self.connection, self.alias)
-
-    # -- reading for operators (the admin, queue_status): see orm_queries.py ----------
 
     def search(self, query: ItemQuery, *, offset: int = 0, limit: int = 100) -> builtins.list[QueueItem]:
         """Match as ``ItemQuery`` says, and ``text`` in the message's header block too."""
@@ -702,6 +683,13 @@ class ORMStore(QueueStore):
         with self.translated_errors():
             estimate = planner_estimate(self.connection, self.items_table)
         return ItemCount(self.count(), exact=True) if estimate is None else ItemCount(estimate, exact=False)
+
+
+def _taken_key(keyed: NewItem | QueueItem | Item) -> str:
+    """Return the idempotency key of an item that has one: only a keyed add is ever
+    skipped (its key was taken), and only keyed rows are looked up by key."""
+    assert keyed.key is not None
+    return keyed.key
 
 
 def _key_race(new: NewItem) -> QueueError:

@@ -16,11 +16,31 @@ from typing import Any
 from django.core import checks
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Field
 from django.utils.dateparse import parse_datetime
+
+from bumail_queue.models import Item
 
 from .base import WorkListener
 
 SUPPORTED_VENDORS = ("postgresql", "sqlite")
+
+#: The items table's columns as the store's statements read them, in this order.
+ITEM_COLUMNS = (
+    "id", "key", "sender", "recipients", "size", "created_at", "next_attempt_at",
+    "attempts", "delay_notified", "lease_owner", "lease_expires_at",
+)  # fmt: skip
+#: The columns an add writes: those a new item starts with (it has no lease), and its revision.
+INSERT_COLUMNS = (*ITEM_COLUMNS[: ITEM_COLUMNS.index("lease_owner")], "rev")
+
+_ITEM_FIELDS: dict[str, Field[Any, Any]] = {f.attname: f for f in Item._meta.concrete_fields}
+
+
+def prep_value(column: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
+    """Return ``value`` as ``connection``'s driver takes it for the items' ``column``."""
+    return _ITEM_FIELDS[column].get_db_prep_save(value, connection)
+
+
 #: The NOTIFY channel that enqueues, retries and give-backs signal on PostgreSQL.
 WAKE_CHANNEL = "bumail_queue"
 
