@@ -9,6 +9,9 @@ which respect the workers' leases.
 Permissions, checked on the server for every request: the model's *view* permission
 for the pages and the ``.eml`` download, *change* to retry, *delete* to cancel. No
 page shows a setting's value, so no password or AUTH string can appear on one.
+
+One module, because its classes share one permission model, one way of reading the
+queue and one set of templates; the message preview is ``preview``'s.
 """
 
 from __future__ import annotations

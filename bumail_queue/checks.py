@@ -38,13 +38,22 @@ def check_store(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -
     return list(store.check(**kwargs))
 
 
+def _smarthosts_logging_in() -> dict[str, dict[str, Any]]:
+    """The smarthost routes of a valid ``BUMAIL_QUEUE`` that send credentials, by where
+    each is set (``ROUTE`` or ``ROUTES['domain']``); none when the setting is invalid
+    (``check_settings`` reports that)."""
+    raw = getattr(django_settings, SETTING_NAME, {})
+    if validate(raw):
+        return {}
+    routes = {"ROUTE": raw.get("ROUTE", {}), **{f"ROUTES[{d!r}]": r for d, r in raw.get("ROUTES", {}).items()}}
+    return {
+        where: route for where, route in routes.items() if route.get("TYPE") == "smarthost" and route.get("USERNAME")
+    }
+
+
 @checks.register("bumail_queue")
 def check_plaintext_auth(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Warn about a smarthost that would send its password without TLS."""
-    raw = getattr(django_settings, SETTING_NAME, {})
-    if validate(raw):
-        return []
-    routes = {"ROUTE": raw.get("ROUTE", {}), **{f"ROUTES[{d!r}]": r for d, r in raw.get("ROUTES", {}).items()}}
     return [
         checks.Warning(
             f"BUMAIL_QUEUE['{where}'] sends USERNAME and PASSWORD to its smarthost without TLS.",
@@ -52,18 +61,14 @@ def check_plaintext_auth(app_configs: Sequence[AppConfig] | None = None, **kwarg
             obj=SETTING_NAME,
             id="bumail_queue.W001",
         )
-        for where, route in routes.items()
-        if route.get("TYPE") == "smarthost" and route.get("TLS") == "none" and route.get("USERNAME")
+        for where, route in _smarthosts_logging_in().items()
+        if route.get("TLS") == "none"
     ]
 
 
 @checks.register("bumail_queue")
 def check_unverified_auth(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Warn about a smarthost that would log in to a server whose certificate is not verified."""
-    raw = getattr(django_settings, SETTING_NAME, {})
-    if validate(raw):
-        return []
-    routes = {"ROUTE": raw.get("ROUTE", {}), **{f"ROUTES[{d!r}]": r for d, r in raw.get("ROUTES", {}).items()}}
     return [
         checks.Warning(
             f"BUMAIL_QUEUE['{where}'] sends USERNAME and PASSWORD to a smarthost whose certificate it does not "
@@ -73,10 +78,7 @@ def check_unverified_auth(app_configs: Sequence[AppConfig] | None = None, **kwar
             obj=SETTING_NAME,
             id="bumail_queue.W002",
         )
-        for where, route in routes.items()
+        for where, route in _smarthosts_logging_in().items()
         # TLS "none" with credentials is W001's: no TLS at all, let alone a verified one.
-        if route.get("TYPE") == "smarthost"
-        and route.get("TLS", "starttls") != "none"
-        and route.get("TLS_VERIFY") is False
-        and route.get("USERNAME")
+        if route.get("TLS", "starttls") != "none" and route.get("TLS_VERIFY") is False
     ]

@@ -3,6 +3,9 @@
 ``validate()`` is the single validator: ``load()`` raises on what it finds, and the
 checks framework reports the same problems with ids, so ``manage.py check`` and a
 start-up say the same thing. No message ever repeats the value of ``PASSWORD``.
+
+It is long because every key has its rule here, next to its default and its typed
+field: one place to read what a setting takes and what a wrong value says.
 """
 
 from __future__ import annotations

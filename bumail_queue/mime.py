@@ -33,7 +33,7 @@ from .items import NewItem
 
 # RFC 5322 §2.2: a field name is printable US-ASCII (33-126) except the colon.
 _FIELD_NAME = re.compile(rb"[\x21-\x39\x3b-\x7e]+")
-_FIELD_NAME_TEXT = re.compile(r"[\x21-\x39\x3b-\x7e]+")
+_FIELD_NAME_TEXT = re.compile(_FIELD_NAME.pattern.decode("ascii"))
 # RFC 5322 §2.2: a field body is printable characters and WSP (RFC 6532: and UTF-8).
 # Every other control breaks a line somewhere: Python's email package folds at
 # VT, FF, the C1 NEL and U+2028/U+2029 (str.splitlines), and other mailers at CR or LF

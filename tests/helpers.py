@@ -14,13 +14,19 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import django.core.mail
 from django.db import connection
 from django.test import override_settings
 
-from bumail_queue.delivery.envelope import Delivery
+from bumail_queue.conf import Timeouts
+from bumail_queue.delivery.envelope import Delivery, Envelope, Host
 from bumail_queue.items import Outcome, RecipientStatus, Reply
+
+if TYPE_CHECKING:
+    from tests.servers.hostile_smtp import HostileSMTPServer
+    from tests.servers.smtp import SMTPTestServer
 
 BACKEND = "bumail_queue.backends.QueueEmailBackend"
 
@@ -90,6 +96,45 @@ def smarthost(server, **extra):
         "ROUTE": {"TYPE": "smarthost", "HOST": "127.0.0.1", "PORT": server.port, "TLS": "none"},
         **extra,
     }
+
+
+# -- the SMTP client against loopback servers -------------------------------------------
+
+MESSAGE = b"From: sender@example.com\r\nTo: ann@example.org\r\nSubject: Hello\r\n\r\nHello.\r\n"
+USER, PASSWORD = "mailer", "test-s3cret-Pa55word"
+
+
+def timeouts(**steps: float) -> Timeouts:
+    """``Timeouts`` of 5 s a step and 60 s a session, but for ``steps``."""
+    values = {
+        "connect": 5,
+        "greeting": 5,
+        "mail": 5,
+        "rcpt": 5,
+        "data": 5,
+        "data_block": 5,
+        "data_end": 5,
+        "session": 60,
+    }
+    return Timeouts(**{**values, **steps})
+
+
+def mx(server: SMTPTestServer | HostileSMTPServer, name: str = "mx.test") -> Host:
+    """The host ``name`` at ``server``'s loopback port."""
+    return Host(name=name, address="127.0.0.1", port=server.port)
+
+
+def envelope(
+    *recipients: str, sender: str = "sender@example.com", message: bytes = MESSAGE, item_id: str = "item-1"
+) -> Envelope:
+    return Envelope(item_id=item_id, sender=sender, recipients=recipients or ("ann@example.org",), message=message)
+
+
+def only_reply(delivery: Delivery) -> tuple[RecipientStatus, int | None, str, str]:
+    """Return the one (status, code, enhanced status, text) every recipient got."""
+    found = {(o.status, o.reply.code, o.reply.status, o.reply.text) for o in delivery.outcomes.values()}
+    assert len(found) == 1, found
+    return found.pop()
 
 
 # -- queue_worker processes -------------------------------------------------------------

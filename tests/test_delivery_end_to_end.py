@@ -17,7 +17,6 @@ from bumail_queue.stores import get_store
 from tests.helpers import (
     postgres_worker_idle,
     printed,
-    read_all,
     running_worker,
     smarthost,
     start_worker,
@@ -137,19 +136,13 @@ def test_a_second_signal_exits_at_once_with_status_1(smtp_servers):
     settings = smarthost(server, POLL_SECONDS=0.2)
     with override_settings(BUMAIL_QUEUE=settings):
         queue.enqueue(EmailMessage("Hi", "Body", "app@example.com", ["a@example.org"]))
-    worker = start_worker(settings)
-    lines, reader = read_all(worker)
-    try:
+    with running_worker(settings) as (worker, lines):
         assert wait_until(lambda: any(c.verb == "DATA" for c in server.commands)), "the session did not start"
         worker.send_signal(signal.SIGTERM)
         assert wait_until(printed(lines, "stopping after the deliveries under way")), "the first signal was not seen"
         assert worker.poll() is None  # still finishing its session
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=10)
-        reader.join(5)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
     assert worker.returncode == 1
 
 

@@ -6,14 +6,14 @@ import base64
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
-from bumail_queue.conf import Route, Timeouts
-from bumail_queue.delivery.envelope import Envelope, Host
+from bumail_queue.conf import Route
+from bumail_queue.delivery.envelope import Host
 from bumail_queue.delivery.smtp import (
     MAX_REPLY_TEXT,
     RouteOptionError,
@@ -24,6 +24,7 @@ from bumail_queue.delivery.smtp import (
 )
 from bumail_queue.errors import ErrorCode
 from bumail_queue.items import RecipientStatus, Reply
+from tests.helpers import MESSAGE, PASSWORD, USER, envelope, mx, only_reply, timeouts
 from tests.servers.smtp import (
     SMTPTestServer,
     TestTLS,
@@ -34,24 +35,7 @@ from tests.servers.smtp import (
 
 DELIVERED, DEFERRED, FAILED = RecipientStatus.DELIVERED, RecipientStatus.DEFERRED, RecipientStatus.FAILED
 MX = Route(type="mx")
-MESSAGE = b"From: sender@example.com\r\nTo: ann@example.org\r\nSubject: Hello\r\n\r\nHello.\r\n"
-USER, PASSWORD = "mailer", "test-s3cret-Pa55word"
-
 Servers = Callable[..., SMTPTestServer]
-
-
-def timeouts(**steps: float) -> Timeouts:
-    values = {
-        "connect": 5,
-        "greeting": 5,
-        "mail": 5,
-        "rcpt": 5,
-        "data": 5,
-        "data_block": 5,
-        "data_end": 5,
-        "session": 60,
-    }
-    return Timeouts(**{**values, **steps})
 
 
 class FakeClock:
@@ -63,36 +47,8 @@ class FakeClock:
 
 
 @pytest.fixture
-def transports(smtp_tls: TestTLS) -> Iterator[Callable[..., SMTPTransport]]:
-    made: list[SMTPTransport] = []
-
-    def make(**options: Any) -> SMTPTransport:
-        options.setdefault("hostname", "client.example.com")
-        options.setdefault("timeouts", timeouts())
-        options.setdefault("reuse_seconds", 10)
-        options.setdefault("ssl_context", smtp_tls.client_context)
-        transport = SMTPTransport(**options)
-        made.append(transport)
-        return transport
-
-    yield make
-    for transport in made:
-        transport.close()
-
-
-@pytest.fixture
 def transport(transports: Callable[..., SMTPTransport]) -> SMTPTransport:
     return transports()
-
-
-def mx(server: SMTPTestServer, name: str = "mx.test") -> Host:
-    return Host(name=name, address="127.0.0.1", port=server.port)
-
-
-def envelope(
-    *recipients: str, sender: str = "sender@example.com", message: bytes = MESSAGE, item_id: str = "item-1"
-) -> Envelope:
-    return Envelope(item_id=item_id, sender=sender, recipients=recipients or ("ann@example.org",), message=message)
 
 
 def smarthost(server: SMTPTestServer, **options: Any) -> Route:
@@ -102,13 +58,6 @@ def smarthost(server: SMTPTestServer, **options: Any) -> Route:
 
 def statuses(delivery: SMTPDelivery) -> dict[str, RecipientStatus]:
     return {address: outcome.status for address, outcome in delivery.outcomes.items()}
-
-
-def only_reply(delivery: SMTPDelivery) -> tuple[RecipientStatus, int | None, str, str]:
-    """Return the one (status, code, enhanced status, text) every recipient got."""
-    found = {(o.status, o.reply.code, o.reply.status, o.reply.text) for o in delivery.outcomes.values()}
-    assert len(found) == 1, found
-    return found.pop()
 
 
 # -- a transaction --------------------------------------------------------------------

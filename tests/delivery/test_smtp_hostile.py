@@ -11,20 +11,18 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from bumail_queue.conf import Route, Timeouts
-from bumail_queue.delivery.envelope import Envelope, Host
+from bumail_queue.conf import Route
+from bumail_queue.delivery.envelope import Host
 from bumail_queue.delivery.smtp import (
     MAX_REPLY_LINE,
     MAX_REPLY_LINES,
-    SMTPDelivery,
     SMTPTransport,
 )
 from bumail_queue.items import RecipientStatus
-from tests.helpers import wait_until
+from tests.helpers import PASSWORD, USER, envelope, mx, only_reply, timeouts, wait_until
 from tests.servers.hostile_smtp import HostileSMTPServer, Peer
 from tests.servers.smtp import SMTPTestServer, TestTLS, closed_port
 
@@ -34,27 +32,11 @@ DELIVERED, DEFERRED, FAILED = (
     RecipientStatus.FAILED,
 )
 MX = Route(type="mx")
-MESSAGE = b"From: sender@example.com\r\nTo: ann@example.org\r\nSubject: Hello\r\n\r\nHello.\r\n"
-USER, PASSWORD = "mailer", "test-s3cret-Pa55word"
 GREETING = b"220 hostile.test ESMTP\r\n"
 ROOT = Path(__file__).resolve().parents[2]
 
 Servers = Callable[..., SMTPTestServer]
 Hostile = Callable[[Callable[[Peer], None]], HostileSMTPServer]
-
-
-def timeouts(**steps: float) -> Timeouts:
-    values = {
-        "connect": 5,
-        "greeting": 5,
-        "mail": 5,
-        "rcpt": 5,
-        "data": 5,
-        "data_block": 5,
-        "data_end": 5,
-        "session": 60,
-    }
-    return Timeouts(**{**values, **steps})
 
 
 @pytest.fixture
@@ -70,42 +52,6 @@ def hostile() -> Iterator[Hostile]:
         server.stop()
 
 
-@pytest.fixture
-def transports(smtp_tls: TestTLS) -> Iterator[Callable[..., SMTPTransport]]:
-    made: list[SMTPTransport] = []
-
-    def make(**options: Any) -> SMTPTransport:
-        options.setdefault("hostname", "client.example.com")
-        options.setdefault("timeouts", timeouts())
-        options.setdefault("reuse_seconds", 10)
-        options.setdefault("ssl_context", smtp_tls.client_context)
-        made.append(SMTPTransport(**options))
-        return made[-1]
-
-    yield make
-    for transport in made:
-        transport.close()
-
-
-def host(server: HostileSMTPServer | SMTPTestServer, name: str = "mx.test") -> Host:
-    return Host(name=name, address="127.0.0.1", port=server.port)
-
-
-def envelope(*recipients: str) -> Envelope:
-    return Envelope(
-        item_id="item-1",
-        sender="sender@example.com",
-        recipients=recipients or ("ann@example.org",),
-        message=MESSAGE,
-    )
-
-
-def only_reply(delivery: SMTPDelivery) -> tuple[RecipientStatus, int | None, str, str]:
-    found = {(o.status, o.reply.code, o.reply.status, o.reply.text) for o in delivery.outcomes.values()}
-    assert len(found) == 1, found
-    return found.pop()
-
-
 # -- SESSION is a deadline, whatever the pace of the bytes ------------------------------
 
 
@@ -118,7 +64,7 @@ def dribbled_greeting(peer: Peer) -> None:
 def test_a_dribbled_greeting_ends_when_session_runs_out(hostile: Hostile, transports: Callable[..., SMTPTransport]):
     server = hostile(dribbled_greeting)
     transport = transports(timeouts=timeouts(greeting=60, session=0.5))
-    delivery = transport.deliver(envelope(), route=MX, hosts=[host(server)])
+    delivery = transport.deliver(envelope(), route=MX, hosts=[mx(server)])
     status, code, enhanced, text = only_reply(delivery)
     assert (status, code, enhanced) == (DEFERRED, None, "4.4.2")
     assert 'TIMEOUTS["SESSION"]' in text
@@ -133,7 +79,7 @@ def test_a_dribbled_greeting_ends_when_its_step_timeout_runs_out(
 ):
     server = hostile(dribbled_greeting)
     transport = transports(timeouts=timeouts(greeting=0.5, session=60))
-    delivery = transport.deliver(envelope(), route=MX, hosts=[host(server)])
+    delivery = transport.deliver(envelope(), route=MX, hosts=[mx(server)])
     status, code, enhanced, text = only_reply(delivery)
     assert (status, code, enhanced) == (DEFERRED, None, "4.4.2")
     assert 'TIMEOUTS["GREETING"]' in text
@@ -170,7 +116,7 @@ def test_the_reply_after_the_dot_is_bounded(
 ):
     server = hostile(script)
     transport = transports(timeouts=timeouts(**steps))
-    delivery = transport.deliver(envelope(), route=MX, hosts=[host(server)])
+    delivery = transport.deliver(envelope(), route=MX, hosts=[mx(server)])
     status, code, enhanced, text = only_reply(delivery)
     assert (status, code, enhanced) == (DEFERRED, None, "4.4.2")
     assert "waiting for the reply to the message" in text
@@ -255,7 +201,7 @@ def test_a_reply_line_without_end_is_cut_at_2048_octets(
     hostile: Hostile, transports: Callable[..., SMTPTransport], script
 ):
     server = hostile(script)
-    delivery = transports().deliver(envelope(), route=MX, hosts=[host(server)])
+    delivery = transports().deliver(envelope(), route=MX, hosts=[mx(server)])
     status, code, enhanced, text = only_reply(delivery)
     assert (status, code, enhanced) == (DEFERRED, None, "4.5.0")
     assert f"longer than {MAX_REPLY_LINE} octets" in text
@@ -273,7 +219,7 @@ def test_a_long_reply_within_the_bounds_is_read(hostile: Hostile, transports: Ca
         peer.serve_until("QUIT")
 
     server = hostile(script)
-    delivery = transports().deliver(envelope(), route=MX, hosts=[host(server)])
+    delivery = transports().deliver(envelope(), route=MX, hosts=[mx(server)])
     assert only_reply(delivery)[:3] == (DELIVERED, 250, "2.0.0")
 
 
@@ -292,7 +238,7 @@ def test_replies_injected_before_the_tls_handshake_are_discarded(
         peer.serve_until("QUIT")
 
     server = hostile(script)
-    delivery = transports().deliver(envelope(), route=MX, hosts=[host(server)])
+    delivery = transports().deliver(envelope(), route=MX, hosts=[mx(server)])
     assert only_reply(delivery)[:3] == (DELIVERED, 250, "2.0.0")
     assert delivery.tls is True
     [peer] = server.peers
@@ -319,9 +265,9 @@ def test_mx_session_limit_stops_after_two_greeted_hosts(
         envelope(),
         route=MX,
         hosts=[
-            host(first, "mx1.test"),
-            host(second, "mx2.test"),
-            host(third, "mx3.test"),
+            mx(first, "mx1.test"),
+            mx(second, "mx2.test"),
+            mx(third, "mx3.test"),
         ],
     )
     assert only_reply(delivery) == (DEFERRED, 451, "4.3.0", "4.3.0 Not now")
@@ -336,10 +282,10 @@ def test_mx_session_limit_does_not_count_refused_connections(
     refused = [Host(name=f"mx{i}.test", address="127.0.0.1", port=closed_port()) for i in range(3)]
     hosts = [
         refused[0],
-        host(busy, "mx1.test"),
+        mx(busy, "mx1.test"),
         refused[1],
         refused[2],
-        host(good, "mx2.test"),
+        mx(good, "mx2.test"),
     ]
     delivery = transports().deliver(envelope(), route=MX, hosts=hosts)
     assert only_reply(delivery)[0] is DELIVERED
@@ -354,9 +300,9 @@ def test_mx_session_limit_can_be_raised(smtp_servers: Servers, transports: Calla
         envelope(),
         route=MX,
         hosts=[
-            host(busy[0], "mx1.test"),
-            host(busy[1], "mx2.test"),
-            host(good, "mx3.test"),
+            mx(busy[0], "mx1.test"),
+            mx(busy[1], "mx2.test"),
+            mx(good, "mx3.test"),
         ],
     )
     assert only_reply(delivery)[0] is DELIVERED
@@ -392,7 +338,7 @@ def test_a_refused_auth_that_echoes_the_credentials_keeps_none_of_them(
 ):
     caplog.set_level("DEBUG", logger="bumail_queue")
     server = smtp_servers(auth=(USER, PASSWORD), auth_reply="535 5.7.8 Refused: " + " ".join(auth_forms()))
-    delivery = transports().deliver(envelope(), route=smarthost(server), hosts=[host(server, "relay.test")])
+    delivery = transports().deliver(envelope(), route=smarthost(server), hosts=[mx(server, "relay.test")])
     status, code, enhanced, text = only_reply(delivery)
     assert (status, code, enhanced) == (DEFERRED, 535, "4.7.8")
     assert text == "5.7.8 Refused: " + " ".join(["[redacted]"] * 4)
@@ -406,7 +352,7 @@ def test_a_reply_after_auth_that_echoes_the_password_keeps_none_of_it(
     smtp_servers: Servers, transports: Callable[..., SMTPTransport]
 ):
     server = smtp_servers(auth=(USER, PASSWORD), mail_reply=f"451 4.3.0 Not now, {PASSWORD}")
-    delivery = transports().deliver(envelope(), route=smarthost(server), hosts=[host(server, "relay.test")])
+    delivery = transports().deliver(envelope(), route=smarthost(server), hosts=[mx(server, "relay.test")])
     assert only_reply(delivery) == (DEFERRED, 451, "4.3.0", "4.3.0 Not now, [redacted]")
     assert server.logins == [USER]
 
@@ -422,7 +368,7 @@ def test_the_delivery_says_whether_its_session_ran_over_tls(
     implicit = smtp_servers(tls=smtp_tls.server_context, implicit_tls=True)
     plain = smtp_servers()
     refusing = smtp_servers(tls=smtp_tls.server_context, mail_reply="550 5.7.1 Not from you")
-    assert transport.deliver(envelope(), route=MX, hosts=[host(starttls)]).tls is True
+    assert transport.deliver(envelope(), route=MX, hosts=[mx(starttls)]).tls is True
     implicit_route = Route(type="smarthost", host="localhost", port=implicit.port, tls="implicit")
     assert (
         transport.deliver(
@@ -432,6 +378,6 @@ def test_the_delivery_says_whether_its_session_ran_over_tls(
         ).tls
         is True
     )
-    assert transport.deliver(envelope(), route=MX, hosts=[host(plain)]).tls is False
-    refused = transport.deliver(envelope(), route=MX, hosts=[host(refusing)])
+    assert transport.deliver(envelope(), route=MX, hosts=[mx(plain)]).tls is False
+    refused = transport.deliver(envelope(), route=MX, hosts=[mx(refusing)])
     assert (only_reply(refused)[0], refused.tls) == (FAILED, True)

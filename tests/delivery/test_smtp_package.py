@@ -7,13 +7,10 @@ import logging
 import pytest
 
 import bumail_queue.delivery.smtp as smtp
-from bumail_queue.conf import Route, Timeouts
-from bumail_queue.delivery.envelope import Envelope, Host
+from bumail_queue.conf import Route
 from bumail_queue.items import RecipientStatus
+from tests.helpers import envelope, mx, timeouts
 from tests.servers.smtp import SMTPTestServer
-
-MESSAGE = b"From: sender@example.com\r\nTo: ann@example.org\r\nSubject: Hello\r\n\r\nHello.\r\n"
-STEPS = {"connect": 5, "greeting": 5, "mail": 5, "rcpt": 5, "data": 5, "data_block": 5, "data_end": 5, "session": 60}
 
 
 def test_the_public_names_are_importable_from_the_package() -> None:
@@ -27,13 +24,9 @@ def test_every_smtp_step_logs_on_the_packages_logger(
     smtp_server: SMTPTestServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="bumail_queue")
-    transport = smtp.SMTPTransport(hostname="client.example.com", timeouts=Timeouts(**STEPS), reuse_seconds=0)
+    transport = smtp.SMTPTransport(hostname="client.example.com", timeouts=timeouts(), reuse_seconds=0)
     try:
-        delivery = transport.deliver(
-            Envelope(item_id="item-1", sender="sender@example.com", recipients=("ann@example.org",), message=MESSAGE),
-            route=Route(type="mx"),
-            hosts=[Host(name="mx.test", address="127.0.0.1", port=smtp_server.port)],
-        )
+        delivery = transport.deliver(envelope(), route=Route(type="mx"), hosts=[mx(smtp_server)])
     finally:
         transport.close()
     assert delivery.outcomes["ann@example.org"].status is RecipientStatus.DELIVERED

@@ -82,13 +82,18 @@ class _Transactions:
             options.append(f"SIZE={message.size}")
         if message.eight_bit and conn.has_extn("8bitmime"):
             options.append("BODY=8BITMIME")
-        if utf8 and (needs_smtputf8(envelope.sender) or any(map(needs_smtputf8, todo))):
+        smtputf8 = utf8 and (needs_smtputf8(envelope.sender) or any(map(needs_smtputf8, todo)))
+        if smtputf8:
             options.append("SMTPUTF8")
+        mail_args = f"FROM:<{envelope.sender}>" + "".join(f" {o}" for o in options)
 
         if conn.has_extn("pipelining"):
             reset = session.reused
+            encoding = "utf-8" if smtputf8 else "ascii"
             while todo:
-                todo = self._pipelined(session, envelope, message, todo, outcomes, deadline, options, reset=reset)
+                todo = self._pipelined(
+                    session, envelope, message, todo, outcomes, deadline, mail_args, encoding=encoding, reset=reset
+                )
                 reset = True
             return
         first = True
@@ -96,9 +101,8 @@ class _Transactions:
             if not first:
                 self._rset(session, item_id, deadline)
             first = False
-            if "SMTPUTF8" in options:
+            if smtputf8:
                 conn.command_encoding = "utf-8"  # RSET sets it back to ASCII
-            mail_args = f"FROM:<{envelope.sender}>" + "".join(f" {o}" for o in options)
             try:
                 code, raw = self._command(session, item_id, "mail", deadline, "MAIL", mail_args)
             except ValueError as error:  # refused by smtplib, nothing was sent
@@ -149,16 +153,15 @@ class _Transactions:
         todo: list[str],
         outcomes: dict[str, Outcome],
         deadline: float,
-        options: list[str],
+        mail_args: str,
         *,
+        encoding: str,
         reset: bool,
     ) -> list[str]:
         """One transaction with RFC 2920 pipelining: ``[RSET] MAIL RCPT... DATA`` in one
         write, their replies read in order, then the message; return the recipients
         left for another transaction (after a 452)."""
         conn, item_id = session.conn, envelope.item_id
-        encoding = "utf-8" if "SMTPUTF8" in options else "ascii"
-        mail_args = f"FROM:<{envelope.sender}>" + "".join(f" {o}" for o in options)
         try:
             group = [f"MAIL {mail_args}\r\n".encode(encoding)]
         except UnicodeEncodeError as error:

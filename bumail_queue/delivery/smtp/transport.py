@@ -149,8 +149,9 @@ class SMTPTransport:
         if last is None:
             last = _StepError(_own("4.4.4", "There is no host to deliver to."))
         outcomes.update((r, Outcome(status=last.status, reply=last.reply)) for r in pending)
-        answered = last.answered and last_host is not None
-        return finish(last_host.name if answered and last_host is not None else None, tls=answered and last.tls)
+        if last.answered and last_host is not None:
+            return finish(last_host.name, tls=last.tls)
+        return finish()
 
     def close_idle(self) -> None:
         """QUIT and close the pooled connections idle longer than ``reuse_seconds``."""

@@ -11,6 +11,9 @@ script); a batch of outcomes is pipelined.
 Times travel as whole microseconds since the epoch, the precision of ``datetime``,
 so each comes back exactly as it was given; the scripts only compare them. A sorted
 set's score is a double, exact for such numbers until the year 2255.
+
+The class holds every operation of the interface, each a thin call of its script;
+the key layout and value codec are ``layout``'s, the wake-up ``listener``'s.
 """
 
 from __future__ import annotations
