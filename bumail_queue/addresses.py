@@ -12,6 +12,8 @@ import ipaddress
 import re
 import unicodedata
 
+import idna
+
 from .errors import ErrorCode, QueueError
 from .text import unkeepable_reason
 
@@ -63,19 +65,35 @@ def _local_part_problem(local: str) -> str | None:
     return "the local part is neither a dot-atom nor a quoted string (RFC 5321 §4.1.2)"
 
 
+def a_labels(domain: str) -> str:
+    """Return ``domain`` as DNS and a server without SMTPUTF8 know it: IDNA2008 A-labels.
+
+    An ASCII domain is returned as it is. A Unicode one goes through UTS #46's
+    non-transitional mapping, then IDNA2008 (RFC 5891 §4), as browsers and Postfix
+    do: ``straße.example`` is ``xn--strae-oqa.example``, where IDNA2003 (Python's
+    ``"idna"`` codec) would give ``strasse.example``, another domain. STD3 rules keep
+    the result a host name (RFC 1123 §2.1): a mapping may not make ``⑴`` into ``(1)``.
+    Raises ``UnicodeError`` when IDNA2008 refuses the domain.
+    """
+    if domain.isascii():
+        return domain
+    return idna.encode(domain, uts46=True, std3_rules=True).decode("ascii")
+
+
+def _idna_problem(domain: str) -> str | None:
+    """Say why IDNA2008 refuses a Unicode ``domain``, or return ``None``."""
+    try:
+        a_labels(domain)
+    except UnicodeError as error:
+        return f"IDNA2008 refuses the domain ({error})"
+    return None
+
+
 def _label_problem(label: str) -> str | None:
     if not _LABEL.fullmatch(label):
         return f"the domain label {label!r} is not letters, digits and inner hyphens"
-    if label.isascii():
-        if len(label) > 63:
-            return f"the domain label {label[:20]!r}... is longer than 63 characters"
-        return None
-    try:
-        encoded = label.encode("idna")
-    except UnicodeError:
-        return f"the domain label {label!r} is not a valid internationalized label"
-    if len(encoded) > 63:
-        return f"the domain label {label[:20]!r}... is longer than 63 characters as an A-label"
+    if label.isascii() and len(label) > 63:
+        return f"the domain label {label[:20]!r}... is longer than 63 characters"
     return None
 
 
@@ -107,7 +125,7 @@ def _domain_problem(domain: str) -> str | None:
         problem = _label_problem(label)
         if problem:
             return problem
-    return None
+    return _idna_problem(domain)
 
 
 def mailbox_problem(address: str) -> str | None:
@@ -152,8 +170,28 @@ def check_sender(address: str) -> str:
 
 
 def needs_smtputf8(address: str) -> bool:
-    """Return whether the address can only travel with SMTPUTF8 (RFC 6531)."""
-    return not address.isascii()
+    """Return whether the address can only travel with SMTPUTF8 (RFC 6531): whether its
+    local part is UTF-8. A Unicode domain travels as A-labels (:func:`envelope_form`)."""
+    return not address.rpartition("@")[0].isascii()
+
+
+def envelope_form(address: str) -> str:
+    """Return ``address`` as it goes in ``MAIL FROM`` / ``RCPT TO``: its local part as
+    written, its domain in A-labels.
+
+    A-labels are sent whether or not the server offers SMTPUTF8: RFC 6531 §3.3 lets a
+    domain be written either way, every server reads A-labels, and so the choice of
+    ``SMTPUTF8`` depends only on local parts and header fields. An address literal
+    and the null sender are returned as they are; so is a domain IDNA2008 refuses
+    (enqueue refused it, and delivery checks the address before it gets here).
+    """
+    local, at, domain = address.rpartition("@")
+    if not at or domain.isascii():
+        return address
+    try:
+        return f"{local}@{a_labels(domain)}"
+    except UnicodeError:
+        return address
 
 
 def domain_of(address: str) -> str:

@@ -9,7 +9,7 @@ from django.apps import AppConfig
 from django.conf import settings as django_settings
 from django.core import checks
 
-from .conf import SETTING_NAME, get_settings, validate
+from .conf import SETTING_NAME, effective_hostname, get_settings, not_fqdn_reason, validate
 from .errors import QueueError
 
 BACKEND_PATH = "bumail_queue.backends.QueueEmailBackend"
@@ -81,4 +81,31 @@ def check_unverified_auth(app_configs: Sequence[AppConfig] | None = None, **kwar
         for where, route in _smarthosts_logging_in().items()
         # TLS "none" with credentials is W001's: no TLS at all, let alone a verified one.
         if route.get("TLS", "starttls") != "none" and route.get("TLS_VERIFY") is False
+    ]
+
+
+@checks.register("bumail_queue")
+def check_hostname_is_fqdn(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn when the EHLO name (``HOSTNAME``, or ``socket.getfqdn()``) is no fully qualified domain name."""
+    raw = getattr(django_settings, SETTING_NAME, {})
+    if validate(raw):
+        return []  # check_settings reports those
+    hostname = effective_hostname(raw)
+    reason = not_fqdn_reason(hostname)
+    if reason is None:
+        return []
+    where = (
+        "BUMAIL_QUEUE['HOSTNAME']"
+        if raw.get("HOSTNAME")
+        else "socket.getfqdn(), the default of BUMAIL_QUEUE['HOSTNAME'],"
+    )
+    return [
+        checks.Warning(
+            f"{where} is {hostname!r}: {reason}. The worker greets servers with it (EHLO) and names "
+            "itself by it in delivery status notifications; receiving servers reject or score mail from such a name.",
+            hint="Set BUMAIL_QUEUE['HOSTNAME'] to this machine's public name, one whose A or AAAA record "
+            "and reverse DNS match the address mail leaves from, such as 'mail.example.com'.",
+            obj=SETTING_NAME,
+            id="bumail_queue.W004",
+        )
     ]

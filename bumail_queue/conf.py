@@ -25,6 +25,7 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from .addresses import a_labels
 from .errors import QueueConfigurationError
 
 SETTING_NAME: Final = "BUMAIL_QUEUE"
@@ -189,14 +190,44 @@ class QueueSettings:
 
 
 def normalise_domain(domain: str) -> str:
-    """Return the form domains are compared in: lowercase A-labels, no trailing dot."""
+    """Return the form domains are compared in: lowercase IDNA2008 A-labels
+    (:func:`~bumail_queue.addresses.a_labels`), no trailing dot. A domain IDNA2008
+    refuses is returned lowercase, as no A-label form can equal it."""
     domain = domain.rstrip(".").lower()
-    if domain.isascii():
-        return domain
     try:
-        return domain.encode("idna").decode("ascii")
+        return a_labels(domain)
     except UnicodeError:
         return domain
+
+
+# Suffixes of names that are no fully qualified domain name of a mail host, though
+# E006 takes them: RFC 5321 §4.1.1.1 wants EHLO to give the client's FQDN, and
+# receivers reject or score the greeting of a name only its own network knows
+# ("localhost" itself is a single label; "localhost.localdomain" ends in one of these).
+_NON_GLOBAL_SUFFIXES: Final = (
+    ".localhost",  # RFC 6761 §6.3: loopback names, this machine's alone
+    ".localdomain",  # no registered TLD: the placeholder distributions and Postfix append to a bare host name
+    ".local",  # RFC 6762: multicast DNS, answered on the link alone
+)
+
+
+def effective_hostname(raw: Mapping[str, Any]) -> str:
+    """Return the EHLO name a raw ``BUMAIL_QUEUE`` gives: ``HOSTNAME``, else ``socket.getfqdn()``."""
+    return raw.get("HOSTNAME") or socket.getfqdn()
+
+
+def not_fqdn_reason(hostname: str) -> str | None:
+    """Say why ``hostname`` is no fully qualified domain name to greet with, or return ``None``."""
+    name = hostname.rstrip(".").lower()
+    if _is_ip(name):
+        # RFC 5321 §4.1.3: an address goes in EHLO as a literal, "[192.0.2.1]", and
+        # only when the host has no name.
+        return "it is an IP address, not a name"
+    if "." not in name:
+        return "it is a single label, not a fully qualified name"
+    if name.endswith(_NON_GLOBAL_SUFFIXES):
+        return "it is a name that only this machine or its local network knows"
+    return None
 
 
 class _Validator:

@@ -52,6 +52,9 @@ _DROPPED_FIELDS = frozenset({b"bcc", b"resent-bcc", b"return-path"})
 _BUILD_ERRORS = (ValueError, UnicodeError, TypeError, LookupError, email.errors.MessageError)
 # What makes an address more than a bare addr-spec: a display name, a comment, a list.
 _NEEDS_PARSING = re.compile(r'[\s<>()",;:\\\[\]]')
+# user@[192.0.2.1] and user@[IPv6:...]: an addr-spec as it is, though the email
+# package's stricter parser (Python 3.13) takes no domain literal apart.
+_BARE_DOMAIN_LITERAL = re.compile(r'[^\s<>()",;:\\\[\]]+@\[[^\s\[\]\\]*\]')
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -91,7 +94,7 @@ def _addr_spec(value: str, *, role: str) -> str:
         raise _invalid(f"A {role} address must be a string, not {type(value).__name__}.")
     if any(ch in value for ch in "\r\n"):
         raise _invalid(f"The {role} address {value!r} cannot be queued: it holds a CR or LF.")
-    if not _NEEDS_PARSING.search(value):
+    if not _NEEDS_PARSING.search(value) or _BARE_DOMAIN_LITERAL.fullmatch(value):
         return value  # a bare addr-spec: nothing to take apart
     parsed = email.utils.getaddresses([value])
     if len(parsed) != 1 or not parsed[0][1]:

@@ -2,7 +2,9 @@
 
 ``decide_attempt()`` turns the replies of one attempt at an item into what the store
 records: a deferral past ``MAX_AGE`` becomes a failure (``4.4.7``), the next attempt
-is scheduled, a delay DSN falls due. The ``Recorder`` then records a batch of
+is scheduled, a delay DSN falls due. The ``Attempt`` keeps the header block of the
+message the attempt read, as the DSNs return it: recording the last recipient drops
+the message from the store. The ``Recorder`` then records a batch of
 attempts in one step of the store and tells each one on its own: the worker's
 counts, a log line per recipient, the signals, the delivery log (gathered into one
 write per batch) and the DSNs, which it queues through the enqueue callable it is
@@ -24,7 +26,7 @@ from django.db import connections
 
 from bumail_queue import delivery_log, mime, signals
 from bumail_queue.conf import QueueSettings
-from bumail_queue.delivery.dsn import DSNKind, ReportedRecipient, build_dsn
+from bumail_queue.delivery.dsn import DSNKind, ReportedRecipient, build_dsn, header_block
 from bumail_queue.delivery.retry import has_expired, is_delay_due, retry_delay
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import (
@@ -38,6 +40,7 @@ from bumail_queue.items import (
 from bumail_queue.stores import QueueStore
 
 __all__ = [
+    "EXPIRED_STATUS",
     "RECORD_RETRY_DELAYS",
     "Attempt",
     "Enqueue",
@@ -56,6 +59,12 @@ logger = logging.getLogger("bumail_queue.worker")
 RECORD_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0)
 """Seconds between the tries of a record the store refused as unavailable."""
 
+EXPIRED_STATUS = "4.4.7"
+"""The enhanced status of a recipient still deferred at ``MAX_AGE``: RFC 3463 §3.5's
+X.4.7, "delivery time expired", which it calls "useful only as a persistent transient
+error", hence class 4 although the queue gives up (``Action: failed`` says that,
+RFC 3464 §2.3.3). The reply code stays the last one the remote sent."""
+
 Clock = Callable[[], datetime]
 
 
@@ -67,14 +76,26 @@ class Enqueue(Protocol):
 
 @dataclasses.dataclass(kw_only=True, slots=True)
 class Attempt:
-    """What one attempt at an item decided, before it is recorded."""
+    """What one attempt at an item decided, before it is recorded.
+
+    ``headers`` is the header block of the message the attempt read (``None`` when
+    the store had lost it: ``lost_message``), kept for the DSNs without the body, so
+    a batch of attempts holds little memory. ``expired`` gives each recipient that
+    failed at ``MAX_AGE`` the last reply it had before.
+    """
 
     item: QueueItem
     result: AttemptResult
     remote_hosts: dict[str, str | None]
+    headers: bytes | None
     tls: dict[str, bool] = dataclasses.field(default_factory=dict)
-    lost_message: bool = False
+    expired: dict[str, Reply] = dataclasses.field(default_factory=dict)
     delay_due: bool = False
+
+    @property
+    def lost_message(self) -> bool:
+        """Whether the store held the item but no longer its message."""
+        return self.headers is None
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -94,14 +115,19 @@ def decide_attempt(
     outcomes: dict[str, Outcome],
     remote_hosts: dict[str, str | None],
     *,
+    message: bytes | None,
     settings: QueueSettings,
     now: datetime,
     rng: random.Random,
     tls: dict[str, bool] | None = None,
-    lost_message: bool = False,
 ) -> Attempt:
-    """Return what recording the replies of one attempt at ``item`` must write."""
+    """Return what recording the replies of one attempt at ``item`` must write.
+
+    ``message`` is the message the attempt read, ``None`` when the store had lost it.
+    """
+    expired: dict[str, Reply] = {}
     if has_expired(item.created_at, now, settings):
+        expired = {a: o.reply for a, o in outcomes.items() if o.status == RecipientStatus.DEFERRED}
         outcomes = {address: _expired(outcome, settings.max_age) for address, outcome in outcomes.items()}
     still_deferred = any(o.status == RecipientStatus.DEFERRED for o in outcomes.values())
     delay_due = (
@@ -119,8 +145,9 @@ def decide_attempt(
         item=item,
         result=result,
         remote_hosts=remote_hosts,
+        headers=None if message is None else header_block(message),
         tls=tls or {},
-        lost_message=lost_message,
+        expired=expired,
         delay_due=delay_due,
     )
 
@@ -318,23 +345,15 @@ class Recorder:
 
     def _send_dsn(self, kind: DSNKind, attempt: Attempt, addresses: list[str], now: datetime) -> None:
         item = attempt.item
-        reported = [
-            ReportedRecipient(
-                address=address,
-                action=kind,
-                reply=attempt.result.outcomes[address].reply,
-                remote_mta=attempt.remote_hosts.get(address),
-                last_attempt_at=now,
-            )
-            for address in addresses
-        ]
+        reported = [self._reported(attempt, address, kind, now) for address in addresses]
         try:
-            original = None if attempt.lost_message else self.store.read_message(item.id)
             data = build_dsn(
                 kind=kind,
                 reporting_mta=self.settings.hostname,
                 original=item,
-                original_message=original,
+                # Read before the outcomes were recorded: the store drops the message
+                # with the item's last pending recipient.
+                original_message=attempt.headers,
                 recipients=reported,
                 now=now,
                 will_retry_until=item.created_at + self.settings.max_age if kind == "delayed" else None,
@@ -351,14 +370,33 @@ class Recorder:
             return
         signals.send(signals.dsn, kind=kind, dsn_id=dsn_item.id, of=item.id, to=item.sender, recipients=addresses)
 
+    def _reported(self, attempt: Attempt, address: str, kind: DSNKind, now: datetime) -> ReportedRecipient:
+        """Return how a DSN reports ``address``: its reply, or for one that expired, the
+        last reply the remote sent (RFC 3464 §2.3.6's ``Diagnostic-Code``) under ``4.4.7``."""
+        reply = attempt.result.outcomes[address].reply
+        last = attempt.expired.get(address)
+        return ReportedRecipient(
+            address=address,
+            action=kind,
+            reply=reply if last is None else last,
+            remote_mta=attempt.remote_hosts.get(address),
+            last_attempt_at=now,
+            status=None if last is None else EXPIRED_STATUS,
+            reason="" if last is None else _expiry_reason(self.settings.max_age),
+        )
+
 
 def _expired(outcome: Outcome, max_age: timedelta) -> Outcome:
     """Turn a deferral past ``MAX_AGE`` into a final failure (4.4.7), keeping the last reply."""
     if outcome.status != RecipientStatus.DEFERRED:
         return outcome
     reply = outcome.reply
-    text = f"Delivery time expired after {_days(max_age)}; last reply: {reply_line(reply)}"
-    return Outcome(status=RecipientStatus.FAILED, reply=Reply(code=reply.code, status="4.4.7", text=text[:512]))
+    text = f"{_expiry_reason(max_age)}; last reply: {reply_line(reply)}"
+    return Outcome(status=RecipientStatus.FAILED, reply=Reply(code=reply.code, status=EXPIRED_STATUS, text=text[:512]))
+
+
+def _expiry_reason(max_age: timedelta) -> str:
+    return f"Delivery time expired after {_days(max_age)}"
 
 
 def _days(span: timedelta) -> str:

@@ -564,7 +564,7 @@ class Worker:
                 r.address: Outcome(status=RecipientStatus.FAILED, reply=LOST_MESSAGE_REPLY)
                 for r in item.pending_recipients
             }
-            return self._attempt_from(item, lost, dict.fromkeys(lost), lost_message=True)
+            return self._attempt_from(item, lost, dict.fromkeys(lost), message=None)
         outcomes: dict[str, Outcome] = {}
         remote_hosts: dict[str, str | None] = {}
         tls: dict[str, bool] = {}
@@ -577,7 +577,9 @@ class Worker:
                 outcomes[address] = delivery.outcomes[address]
                 remote_hosts[address] = delivery.remote_host
                 tls[address] = delivery.tls
-        return self._attempt_from(item, outcomes, remote_hosts, tls=tls)
+        # The message is handed on: the DSNs return its header block, and recording
+        # the last pending recipient drops it from the store.
+        return self._attempt_from(item, outcomes, remote_hosts, message=message, tls=tls)
 
     def _deliver_to(self, destination: Destination, envelope: Envelope) -> Delivery:
         route = destination.route
@@ -602,18 +604,18 @@ class Worker:
         outcomes: dict[str, Outcome],
         remote_hosts: dict[str, str | None],
         *,
+        message: bytes | None,
         tls: dict[str, bool] | None = None,
-        lost_message: bool = False,
     ) -> Attempt:
         return decide_attempt(
             item,
             outcomes,
             remote_hosts,
+            message=message,
             settings=self.settings,
             now=self.clock(),
             rng=self.rng,
             tls=tls,
-            lost_message=lost_message,
         )
 
     # -- recording ----------------------------------------------------------------------

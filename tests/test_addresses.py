@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from bumail_queue.addresses import (
+    a_labels,
     check_mailbox,
     check_sender,
     domain_of,
+    envelope_form,
     mailbox_problem,
     needs_smtputf8,
 )
@@ -53,7 +55,12 @@ INVALID = [
     pytest.param("user@example-.org", "'example-'", id="label-trailing-hyphen"),
     pytest.param("user@example..org", "label ''", id="empty-label"),
     pytest.param("user@" + "d" * 64 + ".example", "longer than 63 characters", id="label-64"),
-    pytest.param("user@" + "ü" * 60 + ".example", "label", id="idn-label-too-long"),
+    pytest.param(
+        "user@" + "ü" * 60 + ".example", "IDNA2008 refuses the domain (Label too long)", id="idn-label-too-long"
+    ),
+    # Valid in IDNA2003 (Python's "idna" codec), refused by IDNA2008 (RFC 5892).
+    pytest.param("user@☃.example", "IDNA2008 refuses the domain", id="idna2008-symbol"),
+    pytest.param("user@⑴.example", "IDNA2008 refuses the domain", id="idna2008-maps-to-non-ldh"),
     pytest.param("user@exa_mple.org", "'exa_mple'", id="underscore"),
     pytest.param(LONGEST + "c", "longer than 254 octets", id="path-255"),
     pytest.param("l" * 64 + "@" + ".".join(["d" * 63] * 4), "longer than 254 octets", id="path-way-over"),
@@ -138,7 +145,7 @@ def test_the_empty_recipient_is_not_a_mailbox():
     [
         ("user@example.org", False),
         ("jörg@example.org", True),
-        ("user@bücher.example", True),
+        ("user@bücher.example", False),  # its domain travels as A-labels
         ('"a b"@example.org', False),
     ],
 )
@@ -149,3 +156,39 @@ def test_needs_smtputf8(address, expected):
 def test_domain_of_lowercases_the_domain_only():
     assert domain_of("User@Mail.EXAMPLE.org") == "mail.example.org"
     assert domain_of('"a@b"@Example.org') == "example.org"
+
+
+@pytest.mark.parametrize(
+    ("domain", "ascii_form"),
+    [
+        # IDNA2008 keeps ß and the final sigma (RFC 5892); IDNA2003 mapped them away: other domains.
+        ("straße.example", "xn--strae-oqa.example"),
+        ("STRAßE.Example", "xn--strae-oqa.example"),  # UTS #46 maps case
+        ("ελληνικός.example", "xn--qxaegecap6byf.example"),
+        ("bücher.example", "xn--bcher-kva.example"),
+        ("example.org", "example.org"),
+        ("Example.ORG", "Example.ORG"),  # ASCII is left as written
+    ],
+)
+def test_a_labels_are_idna2008_with_uts46_mapping(domain, ascii_form):
+    assert a_labels(domain) == ascii_form
+
+
+def test_a_labels_refuses_what_idna2008_refuses():
+    with pytest.raises(UnicodeError):
+        a_labels("☃.example")
+
+
+@pytest.mark.parametrize(
+    ("address", "on_the_wire"),
+    [
+        ("anna@straße.example", "anna@xn--strae-oqa.example"),
+        ("jörg@bücher.example", "jörg@xn--bcher-kva.example"),
+        ("user@example.org", "user@example.org"),
+        ("user@[192.0.2.1]", "user@[192.0.2.1]"),
+        ('"a@b"@bücher.example', '"a@b"@xn--bcher-kva.example'),
+        ("", ""),
+    ],
+)
+def test_the_envelope_form_has_its_domain_in_a_labels(address, on_the_wire):
+    assert envelope_form(address) == on_the_wire

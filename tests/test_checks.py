@@ -275,3 +275,57 @@ def check_ids_in(folder):
 
 def test_every_check_id_of_the_package_is_asserted_by_a_test():
     assert check_ids_in("bumail_queue") - check_ids_in("tests") == set()
+
+
+@pytest.mark.parametrize(
+    ("hostname", "reason"),
+    [
+        ("mailhost", "a single label"),
+        ("localhost", "a single label"),
+        ("localhost.localdomain", "a name that only this machine or its local network knows"),
+        ("vm.localdomain", "a name that only this machine or its local network knows"),
+        ("printer.local", "a name that only this machine or its local network knows"),
+        ("web.localhost", "a name that only this machine or its local network knows"),
+        ("192.0.2.10", "an IP address"),
+    ],
+)
+def test_a_hostname_that_is_no_fqdn_is_warned_about_as_w004(hostname, reason):
+    from bumail_queue.checks import check_hostname_is_fqdn
+
+    with override_settings(BUMAIL_QUEUE={"HOSTNAME": hostname}):
+        assert check_settings(None) == []  # E006 still takes it
+        warnings = check_hostname_is_fqdn()
+    assert [(type(w), w.id) for w in warnings] == [(checks.Warning, "bumail_queue.W004")]
+    assert f"BUMAIL_QUEUE['HOSTNAME'] is {hostname!r}: it is {reason}" in warnings[0].msg
+    assert "EHLO" in warnings[0].msg
+
+
+def test_the_default_hostname_is_checked_too(monkeypatch):
+    import socket
+
+    from bumail_queue.checks import check_hostname_is_fqdn
+
+    monkeypatch.setattr(socket, "getfqdn", lambda name="": "localhost")
+    with override_settings(BUMAIL_QUEUE={}):
+        warnings = check_hostname_is_fqdn()
+    assert [w.id for w in warnings] == ["bumail_queue.W004"]
+    assert "socket.getfqdn(), the default of BUMAIL_QUEUE['HOSTNAME'], is 'localhost'" in warnings[0].msg
+    monkeypatch.setattr(socket, "getfqdn", lambda name="": "web1.example.net")
+    with override_settings(BUMAIL_QUEUE={}):
+        assert check_hostname_is_fqdn() == []
+
+
+@pytest.mark.parametrize("hostname", ["mta.example.com", "mail.example.com.", "mx1.eu.example.net"])
+def test_a_fully_qualified_hostname_gets_no_w004(hostname):
+    from bumail_queue.checks import check_hostname_is_fqdn
+
+    with override_settings(BUMAIL_QUEUE={"HOSTNAME": hostname}):
+        assert check_hostname_is_fqdn() == []
+
+
+@needs_db
+def test_the_check_command_shows_w004_without_failing():
+    err = io.StringIO()
+    with override_settings(BUMAIL_QUEUE={"HOSTNAME": "localhost.localdomain"}):
+        call_command("check", stdout=io.StringIO(), stderr=err)
+    assert "(bumail_queue.W004) BUMAIL_QUEUE['HOSTNAME'] is 'localhost.localdomain'" in err.getvalue()

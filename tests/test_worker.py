@@ -177,6 +177,23 @@ def test_a_message_the_store_lost_fails_its_recipients_as_5_3_0(told):
     assert len(list(parsed.iter_parts())) == 2  # no third part: nothing to return
 
 
+def test_an_attempt_keeps_the_header_block_its_dsns_return_not_the_body(told):
+    enqueue(["gone@example.org"])
+    worker = Worker(transport=ScriptedTransport({"gone@example.org": UNKNOWN}), clock=lambda: T0, owner="w")
+    [claimed] = get_store().claim(owner="w", now=T0, lease_until=T0 + timedelta(minutes=10), limit=1)
+    worker._lease_until[claimed.id] = T0 + timedelta(minutes=10)
+    attempt = worker.attempt(claimed)
+    assert attempt.headers.startswith(b"From: app@example.com\r\nTo: gone@example.org\r\nSubject: Hello\r\n")
+    assert b"Hi." not in attempt.headers
+    assert not attempt.lost_message
+    worker.complete(attempt)
+    assert get_store().get(claimed.id) is None  # its message went with it
+    [dsn] = [kw for name, kw in told if name == "dsn"]
+    report = email.message_from_bytes(get_store().read_message(dsn["dsn_id"]), policy=email.policy.default)
+    [returned] = [p for p in report.iter_parts() if p.get_content_type() == "text/rfc822-headers"]
+    assert "Subject: Hello" in returned.get_content()
+
+
 def test_an_item_cancelled_during_delivery_is_told_without_dsn_or_error(told):
     item = enqueue(["gone@example.org"])
     transport = ScriptedTransport(

@@ -53,6 +53,7 @@ from dns.rdtypes.ANY.MX import MX
 from dns.rdtypes.IN.A import A
 from dns.rdtypes.IN.AAAA import AAAA
 
+from bumail_queue.addresses import a_labels
 from bumail_queue.errors import QueueConfigurationError
 
 from .envelope import Destinations, Host
@@ -143,10 +144,10 @@ class MXResolver:
             return self._literal(domain)
         shown = domain.removesuffix(".")  # a fully qualified "example.com." is "example.com"
         try:
-            a_labels = shown.lower().encode("idna").decode("ascii")
-            if not a_labels or a_labels.endswith("."):
+            ascii_name = a_labels(shown.lower())
+            if not ascii_name or ascii_name.endswith("."):
                 raise UnicodeError("empty label")
-            name = dns.name.from_text(a_labels)
+            name = dns.name.from_text(ascii_name)
         except (UnicodeError, dns.exception.DNSException):
             return Destinations.failed("5.1.3", f"{shown!r} is not a valid domain name.")
         deadline = time.monotonic() + self._timeout

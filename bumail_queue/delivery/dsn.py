@@ -8,8 +8,8 @@ RFC 6522) of up to three parts:
    message (``Reporting-MTA``, ``Arrival-Date``), then one block per recipient
    (``Final-Recipient``, ``Action``, ``Status``, ``Remote-MTA``,
    ``Diagnostic-Code``, ``Last-Attempt-Date``, ``Will-Retry-Until``);
-3. ``text/rfc822-headers``, the original's header block — left out, as RFC 6522
-   §3 allows, when the message could not be read.
+3. ``text/rfc822-headers``, the original's header block (``header_block``) — left
+   out, as RFC 6522 §3 allows, when the message could not be read.
 
 The report is sent from the null sender ``<>`` (the caller enqueues it), and says
 ``Auto-Submitted: auto-replied`` (RFC 3834), so that nothing answers it.
@@ -17,7 +17,8 @@ The report is sent from the null sender ``<>`` (the caller enqueues it), and say
 The delivery-status fields stay ASCII: a recipient whose address is not ASCII is
 written with RFC 6533's ``utf-8`` address type, its other characters as
 ``\\x{HHHH}`` escapes (``utf-8; j\\x{F6}rg@example.de``), and so are the non-ASCII
-characters of a server's reply. Every field is folded at whitespace to fit in 78
+characters of a server's reply. ``Diagnostic-Code`` is the reply as the server sent
+it (RFC 3464 §2.3.6), never a text of ours. Every field is folded at whitespace to fit in 78
 characters where it can, and no line is longer than 998.
 """
 
@@ -33,9 +34,10 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Final, Literal, TypeAlias
 
+from bumail_queue.addresses import a_labels
 from bumail_queue.items import QueueItem, Reply
 
-__all__ = ["DSNKind", "ReportedRecipient", "build_dsn"]
+__all__ = ["RETURNED_HEADERS_LIMIT", "DSNKind", "ReportedRecipient", "build_dsn", "header_block"]
 
 DSNKind: TypeAlias = Literal["failed", "delayed"]
 _Policy: TypeAlias = "email.policy.EmailPolicy[email.message.EmailMessage]"  # generic to type checkers only
@@ -66,6 +68,13 @@ _STATUS: Final = re.compile(r"[245]\.[0-9]{1,3}\.[0-9]{1,3}")
 #: RFC 6533 §3's xtext: what is written as itself in a ``utf-8`` address; every
 #: other character (CTLs, SP, "\", "+", "=", non-ASCII) becomes ``\x{HHHH}``.
 _QCHAR: Final = frozenset(chr(c) for c in range(0x21, 0x7F)) - {"\\", "+", "="}
+#: The end of a header field: a line end not followed by a folding space (RFC 5322 §2.2.3).
+_FIELD_END: Final = re.compile(rb"\r?\n(?![ \t])")
+
+RETURNED_HEADERS_LIMIT: Final = 50_000
+"""The most octets of the original's header block a DSN returns: Postfix's
+``bounce_size_limit``. Past it the block is cut after the last whole field, so a
+message made of headers alone never makes a report larger than the mail it is about."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,6 +84,9 @@ class ReportedRecipient:
     ``address`` is the recipient as it was given (it may be UTF-8); ``reply`` the
     answer that decided its state (``code`` is ``None`` when no server answered);
     ``remote_mta`` the host name of the server that answered, ``None`` if none did.
+    ``status`` is the enhanced status code to report when it is not the reply's own
+    (``4.4.7`` for a recipient whose delivery time expired, its ``reply`` the last
+    one it had); ``reason`` says why in words for a person, before the reply.
     """
 
     address: str
@@ -82,6 +94,8 @@ class ReportedRecipient:
     reply: Reply
     remote_mta: str | None
     last_attempt_at: datetime
+    status: str | None = None
+    reason: str = ""
 
 
 def build_dsn(
@@ -98,9 +112,10 @@ def build_dsn(
 
     ``kind`` decides the subject and the opening text; each recipient's own
     ``action`` goes into its block. ``reporting_mta`` is this server's host name
-    (``QueueSettings.hostname``). ``original_message`` is the original's bytes, of
-    which only the header block is returned; ``None`` when the store lost it, and
-    the report then has no third part. ``will_retry_until`` is when the queue gives
+    (``QueueSettings.hostname``). ``original_message`` is the original's bytes, or
+    its header block alone, of which only the header block is returned (up to
+    ``RETURNED_HEADERS_LIMIT``); ``None`` when the store lost it: the report then
+    says so and has no third part. ``will_retry_until`` is when the queue gives
     up, for a delay (``Will-Retry-Until`` of every delayed recipient).
 
     The caller enqueues the result from the null sender ``<>`` to
@@ -120,7 +135,7 @@ def build_dsn(
     mta = _host_name(reporting_mta)
     if not mta:
         raise ValueError(f"The reporting MTA must be a host name; got {reporting_mta!r}.")
-    headers = None if original_message is None else _header_block(original_message)
+    headers = None if original_message is None else header_block(original_message) or None
 
     policy = _POLICY if original.sender.isascii() else _POLICY_UTF8
     report = email.message.EmailMessage(policy=policy)
@@ -204,6 +219,8 @@ def _human_recipient(recipient: ReportedRecipient) -> str:
         server = _printable(recipient.remote_mta or "")
         who = f"The server {server}" if server else "The server"
         why = f"{who} replied: {_smtp_reply(reply, keep_unicode=True)}"
+    if recipient.reason:
+        why = f"{_printable(recipient.reason)}. {why}"
     attempt = f"Last attempt: {email.utils.format_datetime(recipient.last_attempt_at)}"
     indent = " " * 4
     wrapped = textwrap.fill(
@@ -285,16 +302,22 @@ def _headers_part(policy: _Policy, headers: bytes) -> email.message.MIMEPart:
     return part
 
 
-def _header_block(message: bytes) -> bytes | None:
-    """Return everything before the first blank line of ``message`` (CRLF or LF line ends).
+def header_block(message: bytes, *, limit: int = RETURNED_HEADERS_LIMIT) -> bytes:
+    """Return the header block of ``message``, what a DSN returns of it (RFC 6522 §3).
 
-    ``None`` when there is no header at all: an empty message, or one that starts
-    with a blank line.
+    That is everything before the first blank line (CRLF or LF line ends), as a copy
+    that does not hold on to the message; cut after the last whole field within
+    ``limit`` octets. Empty when there is no header at all (an empty message, or one
+    that starts with a blank line).
     """
     if not message or message.startswith((b"\r\n", b"\n")):
-        return None
+        return b""
     blank = re.search(rb"\r?\n\r?\n", message)
-    return message if blank is None else message[: blank.start()]
+    block = message if blank is None else message[: blank.start()]
+    if len(block) <= limit:
+        return bytes(block)
+    ends = [end.start() for end in _FIELD_END.finditer(block, 0, limit + 1)]
+    return bytes(block[: ends[-1]]) if ends else b""
 
 
 # --- field values ---------------------------------------------------------------
@@ -302,22 +325,22 @@ def _header_block(message: bytes) -> bytes | None:
 
 def _status(recipient: ReportedRecipient) -> str:
     """Return the recipient's enhanced status code (RFC 3463); a generic one if it is not one."""
-    status = recipient.reply.status.strip()
+    status = (recipient.status or recipient.reply.status).strip()
     if _STATUS.fullmatch(status):
         return status
     return "5.0.0" if recipient.action == "failed" else "4.0.0"
 
 
 def _smtp_reply(reply: Reply, *, keep_unicode: bool) -> str:
-    """Return ``"550 5.1.1 text"``: the code, the enhanced status, the text, on one line."""
+    """Return the reply as the server sent it, on one line: ``"550 5.1.1 text"``.
+
+    RFC 3464 §2.3.6: the code and the text, the enhanced status code only if the
+    server wrote one in its text; a status made up for a reply without one (``5.0.0``)
+    or given by us (``4.4.7``) goes in ``Status`` alone.
+    """
     text = _printable(reply.text) if keep_unicode else _one_line(reply.text)
-    status = reply.status.strip()
-    words = [str(reply.code)] if reply.code is not None else []
-    if _STATUS.fullmatch(status) and not (text == status or text.startswith(f"{status} ")):
-        words.append(status)  # the text does not carry it already
-    if text:
-        words.append(text)
-    return " ".join(words)
+    code = "" if reply.code is None else str(reply.code)
+    return " ".join(word for word in (code, text) if word)
 
 
 def _one_line(value: str) -> str:
@@ -353,7 +376,7 @@ def _host_name(value: str) -> str:
         return ""
     if not name.isascii():
         try:
-            name = name.encode("idna").decode("ascii")
+            name = a_labels(name)
         except UnicodeError:
             name = _ascii(name)
     return name

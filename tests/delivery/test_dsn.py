@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from bumail_queue.delivery.dsn import DSNKind, ReportedRecipient, build_dsn
+from bumail_queue.delivery.dsn import DSNKind, ReportedRecipient, build_dsn, header_block
 from bumail_queue.items import QueueItem, Recipient, Reply
 
 MTA = "mta.example.net"
@@ -46,7 +46,8 @@ def rejected(
     return ReportedRecipient(
         address=address,
         action=action,
-        reply=Reply(code=code, status=status, text=text),
+        # As the SMTP client keeps a reply: the text as sent, its enhanced status code first.
+        reply=Reply(code=code, status=status, text=f"{status} {text}"),
         remote_mta="mx1.example.org",
         last_attempt_at=ATTEMPT,
     )
@@ -172,11 +173,38 @@ class TestFailed:
         assert "No server answered (status 5.1.2): Host not found" in text
         assert "header of your message" in text
 
-    def test_status_the_reply_text_already_carries_is_not_repeated(self):
-        report = parse(build([rejected(text="5.1.1 <bob@example.org>: Recipient address rejected")]))
+    def test_a_reply_without_an_enhanced_code_is_written_as_the_server_sent_it(self):
+        # RFC 3464 §2.3.6: the status made up for it (5.0.0) goes in Status alone.
+        plain = ReportedRecipient(
+            address="bob@example.org",
+            action="failed",
+            reply=Reply(code=550, status="5.0.0", text="<bob@example.org>: Recipient address rejected"),
+            remote_mta="mx1.example.org",
+            last_attempt_at=ATTEMPT,
+        )
+        report = parse(build([plain]))
+        bob = status_blocks(report)[1]
+        assert bob["Status"] == "5.0.0"
+        assert bob["Diagnostic-Code"] == "smtp; 550 <bob@example.org>: Recipient address rejected"
+        assert "replied: 550 <bob@example.org>: Recipient address rejected" in " ".join(text_of(report).split())
+
+    def test_a_status_of_ours_goes_in_status_and_the_reply_stays_the_servers(self):
+        expired = ReportedRecipient(
+            address="bob@example.org",
+            action="failed",
+            reply=Reply(code=451, status="4.3.0", text="4.3.0 Mailbox busy"),
+            remote_mta="mx1.example.org",
+            last_attempt_at=ATTEMPT,
+            status="4.4.7",
+            reason="Delivery time expired after 5 days",
+        )
+        report = parse(build([expired]))
+        bob = status_blocks(report)[1]
+        assert (bob["Action"], bob["Status"]) == ("failed", "4.4.7")
+        assert bob["Diagnostic-Code"] == "smtp; 451 4.3.0 Mailbox busy"
         assert (
-            status_blocks(report)[1]["Diagnostic-Code"]
-            == "smtp; 550 5.1.1 <bob@example.org>: Recipient address rejected"
+            "Delivery time expired after 5 days. The server mx1.example.org replied: 451 4.3.0 Mailbox busy"
+            in " ".join(text_of(report).split())
         )
 
 
@@ -270,6 +298,18 @@ class TestOriginal:
         assert "not attached" in text
         assert "header of your message" not in text
         assert len(status_blocks(report)) == 2
+
+    def test_a_long_header_block_is_cut_after_its_last_whole_field(self):
+        fields = [f"X-Trace-{n}: {'t' * 60}\r\n {'u' * 60}".encode() for n in range(1000)]
+        message = b"Subject: Hi\r\n" + b"\r\n".join(fields) + b"\r\n\r\nbody\r\n"
+        kept = header_block(message, limit=1000)
+
+        assert len(kept) <= 1000
+        assert kept.startswith(b"Subject: Hi\r\nX-Trace-0: ")
+        assert kept.endswith(b"u" * 60)  # a whole field, its folded line included
+        returned = parts(parse(build([rejected()], message=message)))[2].get_content()
+        assert 40_000 < len(returned) <= 50_000
+        assert email.message_from_string(returned + "\n")["Subject"] == "Hi"
 
     @pytest.mark.parametrize("message", [b"", b"\r\nonly a body\r\n"])
     def test_a_message_without_header_fields_has_no_third_part(self, message: bytes):

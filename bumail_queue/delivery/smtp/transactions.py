@@ -8,8 +8,8 @@ import logging
 import re
 import smtplib
 
-from bumail_queue.addresses import needs_smtputf8
-from bumail_queue.delivery.envelope import Envelope
+from bumail_queue.addresses import envelope_form, needs_smtputf8
+from bumail_queue.delivery.envelope import Envelope, Host
 from bumail_queue.items import Outcome, RecipientStatus
 
 from .connection import _Steps
@@ -24,6 +24,8 @@ logger = logging.getLogger(__package__)
 BLOCK_SIZE = 64 * 1024
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
+# The end of the header block (RFC 5322 §2.1): the first empty line.
+_HEADER_END = re.compile(rb"\r?\n\r?\n|\r\r")
 _LEADING_DOT = re.compile(rb"^\.", re.MULTILINE)
 
 
@@ -34,6 +36,7 @@ class _Message:
     data: bytes  # CRLF lines, dot-stuffed, ending with CRLF "." CRLF
     size: int  # RFC 1870: CRLF lines, before dot-stuffing
     eight_bit: bool
+    utf8_headers: bool  # RFC 6532 header fields: they travel only with SMTPUTF8
 
     @classmethod
     def of(cls, message: bytes) -> _Message:
@@ -44,7 +47,27 @@ class _Message:
         if text and not text.endswith(b"\r\n"):
             text += b"\r\n"
         stuffed = _LEADING_DOT.sub(b"..", text) if text.startswith(b".") or b"\n." in text else text
-        return cls(data=stuffed + b".\r\n", size=len(text), eight_bit=not message.isascii())
+        eight_bit = not message.isascii()
+        return cls(
+            data=stuffed + b".\r\n",
+            size=len(text),
+            eight_bit=eight_bit,
+            utf8_headers=eight_bit and _utf8_headers(message),
+        )
+
+
+def _utf8_headers(message: bytes) -> bool:
+    """Return whether the header block of ``message`` holds 8-bit octets (RFC 6532 §3).
+
+    An 8-bit body is 8BITMIME's business (RFC 6152), not SMTPUTF8's.
+    """
+    end = _HEADER_END.search(message)
+    return not message[: end.start() if end else len(message)].isascii()
+
+
+def _path(address: str) -> str:
+    """Return the reverse- or forward-path of ``address``: its domain as A-labels."""
+    return f"<{envelope_form(address)}>"
 
 
 class _Transactions:
@@ -66,9 +89,7 @@ class _Transactions:
         conn, item_id = session.conn, envelope.item_id
         utf8 = conn.has_extn("smtputf8")
         if not utf8:
-            reply = _own("5.6.7", f"{session.host} does not offer SMTPUTF8, which this non-ASCII address needs")
-            unsendable = pending if needs_smtputf8(envelope.sender) else [r for r in pending if needs_smtputf8(r)]
-            outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=reply)) for r in unsendable)
+            self._refuse_utf8(session.host, envelope, message, pending, outcomes)
         todo = [r for r in pending if r not in outcomes]
         limit = conn.esmtp_features.get("size", "").strip()
         if todo and limit.isdigit() and 0 < int(limit) < message.size:
@@ -82,10 +103,11 @@ class _Transactions:
             options.append(f"SIZE={message.size}")
         if message.eight_bit and conn.has_extn("8bitmime"):
             options.append("BODY=8BITMIME")
-        smtputf8 = utf8 and (needs_smtputf8(envelope.sender) or any(map(needs_smtputf8, todo)))
+        # RFC 6531 §3.4: SMTPUTF8 when a local part or a header field is UTF-8.
+        smtputf8 = utf8 and (message.utf8_headers or needs_smtputf8(envelope.sender) or any(map(needs_smtputf8, todo)))
         if smtputf8:
             options.append("SMTPUTF8")
-        mail_args = f"FROM:<{envelope.sender}>" + "".join(f" {o}" for o in options)
+        mail_args = f"FROM:{_path(envelope.sender)}" + "".join(f" {o}" for o in options)
 
         if conn.has_extn("pipelining"):
             reset = session.reused
@@ -114,6 +136,22 @@ class _Transactions:
                 outcomes.update((r, outcome) for r in todo)
                 return
             todo = self._recipients(session, envelope, message, todo, outcomes, deadline)
+
+    @staticmethod
+    def _refuse_utf8(
+        host: Host, envelope: Envelope, message: _Message, pending: list[str], outcomes: dict[str, Outcome]
+    ) -> None:
+        """Fail what cannot go to ``host``, which does not offer SMTPUTF8 (RFC 6531 §3.2):
+        everything when the header fields or the sender's local part are UTF-8, else
+        the recipients whose local part is."""
+        if message.utf8_headers:
+            why = f"The message's header fields are UTF-8 and the server does not offer SMTPUTF8 ({host})"
+            unsendable = pending
+        else:
+            why = f"{host} does not offer SMTPUTF8, which this address's non-ASCII local part needs"
+            unsendable = pending if needs_smtputf8(envelope.sender) else [r for r in pending if needs_smtputf8(r)]
+        reply = _own("5.6.7", why)
+        outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=reply)) for r in unsendable)
 
     def _command(
         self, session: _Session, item_id: str, step: str, deadline: float, verb: str, args: str = ""
@@ -171,7 +209,7 @@ class _Transactions:
         sent: list[str] = []
         for recipient in todo:
             try:
-                group.append(f"RCPT TO:<{recipient}>\r\n".encode(encoding))
+                group.append(f"RCPT TO:{_path(recipient)}\r\n".encode(encoding))
             except UnicodeEncodeError as error:
                 reply = _own("5.1.3", f"smtplib refused the recipient address: {error}")
                 outcomes[recipient] = Outcome(status=RecipientStatus.FAILED, reply=reply)
@@ -199,7 +237,7 @@ class _Transactions:
         left: list[str] = []
         too_many: Outcome | None = None
         for recipient in sent:
-            code, raw = self._reply(session, item_id, "rcpt", deadline, "RCPT", f"TO:<{recipient}>")
+            code, raw = self._reply(session, item_id, "rcpt", deadline, "RCPT", f"TO:{_path(recipient)}")
             if not 200 <= mail_code < 300:
                 continue  # refused after a refused MAIL: the MAIL reply decides
             if code == 452:
@@ -267,7 +305,7 @@ class _Transactions:
         too_many: Outcome | None = None
         for index, recipient in enumerate(todo):
             try:
-                code, raw = self._command(session, item_id, "rcpt", deadline, "RCPT", f"TO:<{recipient}>")
+                code, raw = self._command(session, item_id, "rcpt", deadline, "RCPT", f"TO:{_path(recipient)}")
             except ValueError as error:  # refused by smtplib, nothing was sent
                 reply = _own("5.1.3", f"smtplib refused the recipient address: {error}")
                 outcomes[recipient] = Outcome(status=RecipientStatus.FAILED, reply=reply)
