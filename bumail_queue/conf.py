@@ -559,7 +559,7 @@ def load(raw: Any) -> QueueSettings:
         database=values["DATABASE"],
         redis_connection=values["REDIS_CONNECTION"],
         redis_key_prefix=values["REDIS_KEY_PREFIX"],
-        hostname=values["HOSTNAME"] or socket.getfqdn(),
+        hostname=effective_hostname(values),
         route=_route_from(values["ROUTE"]),
         routes={normalise_domain(domain): _route_from(route) for domain, route in values["ROUTES"].items()},
         mx_port=values["MX_PORT"],
