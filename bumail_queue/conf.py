@@ -55,6 +55,9 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     # Postfix's smtp_mx_address_limit and smtp_mx_session_limit.
     "MX_ADDRESS_LIMIT": 5,
     "MX_SESSION_LIMIT": 2,
+    # RFC 5321 §4.5.4.1: hosts that did not answer are not tried again for this long
+    # (Postfix keeps a dead destination for minimal_backoff_time, 300 s); 0: off.
+    "UNREACHABLE_HOST_MEMORY": timedelta(minutes=5),
     # RFC 5321 §4.5.4.1: retries at least 30 minutes apart, growing, with jitter.
     "RETRY_MIN_DELAY": timedelta(minutes=30),
     "RETRY_MAX_DELAY": timedelta(hours=4),
@@ -168,6 +171,7 @@ class QueueSettings:
     allowed_private_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
     mx_address_limit: int
     mx_session_limit: int
+    unreachable_host_memory: timedelta
     retry_min_delay: timedelta
     retry_max_delay: timedelta
     retry_factor: float
@@ -247,15 +251,19 @@ class _Validator:
             allowed = "a whole number above 0" + (", or None" if optional else "")
             self.add(check_id, key, f"BUMAIL_QUEUE['{key}'] must be {allowed}; got {value!r}.")
 
-    def duration(self, raw: Mapping[str, Any], key: str, check_id: str) -> float | None:
-        """Check a duration; return it in seconds, or ``None`` when it is not valid."""
+    def duration(self, raw: Mapping[str, Any], key: str, check_id: str, *, zero_is_off: bool = False) -> float | None:
+        """Check a duration; return it in seconds, or ``None`` when it is not valid.
+
+        ``zero_is_off``: 0 is valid too, and turns the setting's feature off.
+        """
         value = raw.get(key, DEFAULTS[key])
-        seconds = _duration_seconds(value)
+        seconds = 0.0 if zero_is_off and _is_zero(value) else _duration_seconds(value)
         if seconds is None:
+            allowed = "from 0 (off) to 10 years" if zero_is_off else "above 0 and at most 10 years"
             self.add(
                 check_id,
                 key,
-                f"BUMAIL_QUEUE['{key}'] must be a timedelta or a number of seconds above 0 and at most 10 years; got {value!r}.",
+                f"BUMAIL_QUEUE['{key}'] must be a timedelta or a number of seconds {allowed}; got {value!r}.",
             )
         return seconds
 
@@ -315,6 +323,11 @@ def _duration_seconds(value: Any) -> float | None:
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
         return None
     return float(seconds) if 0 < seconds <= _MAX_DURATION_SECONDS else None
+
+
+def _is_zero(value: Any) -> bool:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    return not isinstance(seconds, bool) and isinstance(seconds, int | float) and seconds == 0
 
 
 def _is_ip(value: str) -> bool:
@@ -446,6 +459,7 @@ def validate(raw: Any) -> list[Problem]:
         )
     for key in ("MX_ADDRESS_LIMIT", "MX_SESSION_LIMIT"):
         check.positive_int(raw, key, "bumail_queue.E021")
+    check.duration(raw, "UNREACHABLE_HOST_MEMORY", "bumail_queue.E021", zero_is_off=True)
     min_delay = check.duration(raw, "RETRY_MIN_DELAY", "bumail_queue.E015")
     max_delay = check.duration(raw, "RETRY_MAX_DELAY", "bumail_queue.E015")
     if min_delay is not None and max_delay is not None and min_delay > max_delay:
@@ -575,6 +589,7 @@ def load(raw: Any) -> QueueSettings:
         allowed_private_networks=tuple(filter(None, map(_parse_network, values["ALLOWED_PRIVATE_NETWORKS"]))),
         mx_address_limit=values["MX_ADDRESS_LIMIT"],
         mx_session_limit=values["MX_SESSION_LIMIT"],
+        unreachable_host_memory=_as_timedelta(values["UNREACHABLE_HOST_MEMORY"]),
         retry_min_delay=_as_timedelta(values["RETRY_MIN_DELAY"]),
         retry_max_delay=_as_timedelta(values["RETRY_MAX_DELAY"]),
         retry_factor=float(values["RETRY_FACTOR"]),

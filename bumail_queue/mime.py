@@ -47,6 +47,10 @@ _HEADER_CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\xc2[\x80
 # delivering server from the envelope sender (RFC 5321 §4.4); one the caller wrote
 # would only contradict it.
 _DROPPED_FIELDS = frozenset({b"bcc", b"resent-bcc", b"return-path"})
+# RFC 5322 §2.1.1 (and RFC 5321 §4.5.3.1.6 on the wire): at most 998 octets a line.
+# A long body line is re-encoded before it is sent; a header field is the caller's
+# to fold, and a field with no space to fold at cannot be.
+MAX_LINE = 998
 # What the email package may raise on input it cannot take: Django's BadHeaderError
 # (a header with CR/LF) is a ValueError, an undecodable header a HeaderParseError.
 _BUILD_ERRORS = (ValueError, UnicodeError, TypeError, LookupError, email.errors.MessageError)
@@ -357,6 +361,11 @@ def _split_fields(head: bytes, eol: bytes) -> tuple[list[bytes], list[bytes]]:
     for line in lines:
         if b"\r" in line or b"\n" in line:
             raise _invalid("The message cannot be queued: a header holds a bare CR or LF.")
+        if len(line) > MAX_LINE:
+            raise _invalid(
+                f"The message cannot be queued: the header line {line[:40]!r}... is {len(line)} octets long; "
+                f"a line may have at most {MAX_LINE} (RFC 5322 §2.1.1). Fold the field at a space."
+            )
         if line[:1] in (b" ", b"\t") and fields:
             fields[-1] += line + eol
             continue

@@ -186,6 +186,7 @@ class Worker:
             timeouts=self.settings.timeouts,
             reuse_seconds=self.settings.connection_reuse_seconds,
             mx_session_limit=self.settings.mx_session_limit,
+            unreachable_memory_seconds=self.settings.unreachable_host_memory.total_seconds(),
         )
 
     @property

@@ -56,6 +56,16 @@ def wait_until(predicate: Callable[[], object], seconds: float = 20) -> bool:
     return bool(predicate())
 
 
+class FakeClock:
+    """A clock a test moves by hand (``clock.now += 60``): no test waits for time to pass."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class ScriptedTransport:
     """A worker's transport that answers each recipient from ``replies`` (address ->
     ``Reply``) and ``default`` for the rest, as ``remote_host``; it records each envelope."""

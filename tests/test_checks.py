@@ -109,6 +109,8 @@ def test_the_check_command_reports_every_problem():
         ({**HOST, "CONNECTION_REUSE_SECONDS": -1}, "bumail_queue.E017"),
         ({**HOST, "CLAIM_BATCH_SIZE": 0}, "bumail_queue.E017"),
         ({**HOST, "POLL_SECONDS": 0}, "bumail_queue.E017"),
+        ({**HOST, "UNREACHABLE_HOST_MEMORY": -300}, "bumail_queue.E021"),
+        ({**HOST, "UNREACHABLE_HOST_MEMORY": "5m"}, "bumail_queue.E021"),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )

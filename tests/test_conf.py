@@ -58,6 +58,7 @@ def test_load_of_an_empty_dict_gives_every_default(monkeypatch):
     assert loaded.max_recipients == 1000
     assert loaded.allowed_private_networks == ()
     assert (loaded.mx_address_limit, loaded.mx_session_limit) == (5, 2)
+    assert loaded.unreachable_host_memory == timedelta(minutes=5)
 
 
 def test_every_setting_has_a_field_of_the_loaded_settings():
@@ -86,6 +87,20 @@ def test_durations_may_be_seconds():
 
     assert loaded.max_age == timedelta(hours=1)
     assert loaded.delay_warning == timedelta(seconds=1.5)
+
+
+@pytest.mark.parametrize(
+    ("value", "memory"),
+    [
+        (90, timedelta(seconds=90)),
+        (timedelta(minutes=2), timedelta(minutes=2)),
+        (0, timedelta(0)),
+        (timedelta(0), timedelta(0)),
+    ],
+)
+def test_the_unreachable_host_memory_is_a_duration_that_zero_turns_off(value, memory):
+    assert validate({"UNREACHABLE_HOST_MEMORY": value}) == []
+    assert load({"UNREACHABLE_HOST_MEMORY": value}).unreachable_host_memory == memory
 
 
 def test_nameservers_are_parsed_with_their_ports():
@@ -216,6 +231,16 @@ PROBLEMS = [
     ({"ALLOWED_PRIVATE_NETWORKS": [10]}, "bumail_queue.E021", "got [10]"),
     ({"MX_ADDRESS_LIMIT": 0}, "bumail_queue.E021", "['MX_ADDRESS_LIMIT'] must be a whole number above 0"),
     ({"MX_SESSION_LIMIT": "2"}, "bumail_queue.E021", "got '2'"),
+    (
+        {"UNREACHABLE_HOST_MEMORY": -1},
+        "bumail_queue.E021",
+        "BUMAIL_QUEUE['UNREACHABLE_HOST_MEMORY'] must be a timedelta or a number of seconds from 0 (off) to 10 years; got -1.",
+    ),
+    ({"UNREACHABLE_HOST_MEMORY": timedelta(seconds=-1)}, "bumail_queue.E021", "['UNREACHABLE_HOST_MEMORY']"),
+    ({"UNREACHABLE_HOST_MEMORY": "5 minutes"}, "bumail_queue.E021", "got '5 minutes'"),
+    ({"UNREACHABLE_HOST_MEMORY": None}, "bumail_queue.E021", "got None"),
+    ({"UNREACHABLE_HOST_MEMORY": False}, "bumail_queue.E021", "got False"),
+    ({"UNREACHABLE_HOST_MEMORY": float("inf")}, "bumail_queue.E021", "got inf"),
     ({1: "one"}, "bumail_queue.E002", "unknown key 1"),
 ]
 

@@ -406,3 +406,29 @@ def test_the_preview_shows_an_address_header_the_email_package_cannot_parse(valu
     # As written where the email package cannot parse it (it raised before Python
     # 3.13), as it reads it where it can: never a failed page.
     assert shown == value.decode() or shown.strip("<>;=?") in value.decode()
+
+
+# -- line lengths (RFC 5322 §2.1.1): a header field is the caller's to fold -------------
+
+
+def test_a_raw_header_line_over_998_octets_is_refused_and_nothing_is_stored():
+    error = refused(lambda: queue.enqueue(RAW_HEAD + b"X-Token: " + b"t" * 990 + b"\r\n\r\nbody\r\n"))
+
+    assert "999 octets long" in error.message
+    assert "at most 998 (RFC 5322 §2.1.1)" in error.message
+
+
+def test_a_long_header_folded_into_lines_of_998_octets_or_fewer_is_queued():
+    folded = b"X-Tokens: " + b" ".join([b"t" * 900] * 3).replace(b" ", b"\r\n ") + b"\r\n"
+
+    item = queue.enqueue(RAW_HEAD + folded + b"\r\nbody\r\n")
+
+    assert folded in queue.read_message(item.id)
+
+
+def test_a_header_value_too_long_to_fold_given_to_an_email_message_is_refused():
+    message = EmailMessage("Hi", "Hello", "app@example.com", ["bob@example.org"], headers={"X-Token": "t" * 2000})
+
+    error = refused(lambda: queue.enqueue(message))
+
+    assert "RFC 5322 §2.1.1" in error.message

@@ -492,3 +492,20 @@ def test_the_log_says_whether_the_session_ran_over_tls():
         "tls@example.org": True,
         "plain@example.org": False,
     }
+
+
+@pytest.mark.parametrize(
+    ("setting", "seconds"),
+    [({}, 300.0), ({"UNREACHABLE_HOST_MEMORY": timedelta(minutes=2)}, 120.0), ({"UNREACHABLE_HOST_MEMORY": 0}, 0.0)],
+)
+def test_the_worker_gives_its_smtp_transport_the_unreachable_host_memory(monkeypatch, setting, seconds):
+    made = []
+
+    def transport(**options):
+        made.append(options)
+        return ScriptedTransport()
+
+    monkeypatch.setattr("bumail_queue.delivery.smtp.SMTPTransport", transport)
+    with override_settings(BUMAIL_QUEUE={**SETTINGS, **setting}):
+        Worker(clock=lambda: T0, owner="w1")
+    assert [options["unreachable_memory_seconds"] for options in made] == [seconds]

@@ -5,8 +5,15 @@
 - the domain's MX records in preference order, lowest first, records of equal
   preference in random order;
 - each MX host's A then AAAA addresses, each address one ``Host`` named after the
-  MX host; an MX host without an address is left out (when every one is, the
-  domain's recipients are deferred: ``4.4.3``);
+  MX host; an MX host without an address is left out. When every one is, the
+  domain's recipients are deferred (``4.4.3``) if any lookup failed temporarily,
+  and fail (``5.4.4``) when every MX host looked up does not exist (NXDOMAIN) or
+  has no A or AAAA record (NODATA), as Postfix does: the domain's own DNS says
+  there is nowhere to deliver, and asking again for days would not change that;
+- an MX host written as an IPv4 or IPv6 address (``10 192.0.2.1.``), where RFC 5321
+  wants a host name, is taken as that address (as Postfix does), with a warning
+  logged and no A or AAAA lookup: one ``Host`` named after the address, under the
+  same destination policy as any other address;
 - no MX record at all: the domain itself is the host (the implicit MX), but never
   after an MX lookup that failed temporarily;
 - a null MX (``0 .``): the domain accepts no mail, its recipients fail (``5.1.10``);
@@ -69,14 +76,17 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 #: without a usable address, while a domain of 1,000 MX records costs a few lookups.
 MX_HOSTS_PER_ADDRESS = 2
 
-#: How many refused addresses a reply text names; the rest are counted.
+#: How many refused addresses, or MX hosts without an address, a reply text names;
+#: the rest are counted.
 _NAMED_IN_REPLY = 5
 
-# RFC 3463 X.4.4, "unable to route": the DNS gave no next hop this system may use.
-# It is a routing failure on this side, not a refusal by any server (X.7.x), and it
-# is permanent: only the operator (ALLOWED_PRIVATE_NETWORKS) or the domain's owner
-# can change it, and retrying would ask the same question again for days.
-_REFUSED_STATUS = "5.4.4"
+# RFC 3463 X.4.4, "unable to route": the DNS gave no next hop this system may use,
+# because every address was refused or no MX host has an address record. It is a
+# routing failure on this side, not a refusal by any server (X.7.x), and it is
+# permanent: only the operator (ALLOWED_PRIVATE_NETWORKS) or the domain's owner can
+# change it, and retrying would ask the same question again for days. Postfix gives
+# the same status to MX hosts whose address lookups all found nothing.
+_UNROUTABLE_STATUS = "5.4.4"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -167,19 +177,18 @@ class MXResolver:
             return Destinations.failed("5.1.10", f"The domain {shown} accepts no mail (null MX, RFC 7505).")
 
         found = _Found(domain=shown, port=self._port, limit=self._address_limit, allowed=self._allowed)
-        why: str | None = None
-        for exchange in self._in_order(usable)[: MX_HOSTS_PER_ADDRESS * self._address_limit]:
-            if found.full:
-                break
-            miss = self._add_addresses(found, exchange, deadline)
-            why = why or (miss.temporary if miss else None)
+        exchanges = self._in_order(usable)[: MX_HOSTS_PER_ADDRESS * self._address_limit]
+        why, not_found = self._add_exchanges(found, exchanges, deadline)
         if found.hosts:
             return Destinations(hosts=tuple(found.hosts), failure=None)
-        if found.refused and why is None:
+        if why is not None:
+            # Never failed for a DNS that is down: the MX host it could not look up may have an address.
+            refused = f" {found.refused_text()}" if found.refused else ""
+            return Destinations.deferred(f"No MX host of {shown} has a usable address (A or AAAA) ({why}).{refused}")
+        if found.refused:
             return found.all_refused()
-        detail = f" ({why})" if why else ""
-        refused = f" {found.refused_text()}" if found.refused else ""
-        return Destinations.deferred(f"No MX host of {shown} has a usable address (A or AAAA){detail}.{refused}")
+        # Here every MX host looked up was answered "not found": the domain's DNS, not a failure, says so.
+        return Destinations.failed(_UNROUTABLE_STATUS, f"No MX host of {shown} has an address: {_some_of(not_found)}.")
 
     def _literal(self, domain: str) -> Destinations:
         inner = domain[1:-1]
@@ -229,13 +238,43 @@ class MXResolver:
             ordered.extend(group)
         return ordered
 
-    def _add_addresses(self, found: _Found, name: dns.name.Name, deadline: float) -> _Miss | None:
-        """Offer ``name``'s A then AAAA addresses to ``found``; return the first miss that explains a gap.
+    def _add_exchanges(
+        self, found: _Found, exchanges: list[dns.name.Name], deadline: float
+    ) -> tuple[str | None, list[str]]:
+        """Offer each MX host's addresses to ``found``, in order, until it is full.
 
-        The AAAA lookup is not made once ``found`` is full.
+        Return the first temporary failure met, if any, and what each MX host whose
+        lookups found nothing lacks ("mx.example.com does not exist (NXDOMAIN)").
+        """
+        temporary: str | None = None
+        not_found: list[str] = []
+        for exchange in exchanges:
+            if found.full:
+                break
+            address = _numeric_exchange(exchange)
+            if address is not None:
+                found.offer_numeric_exchange(exchange.to_text(omit_final_dot=True), address)
+                continue
+            miss = self._add_addresses(found, exchange, deadline)
+            if miss is None:
+                continue
+            if miss.temporary is not None:
+                temporary = temporary or miss.temporary
+            else:
+                not_found.append(_not_found_text(exchange, miss))
+        return temporary, not_found
+
+    def _add_addresses(self, found: _Found, name: dns.name.Name, deadline: float) -> _Miss | None:
+        """Offer ``name``'s A then AAAA addresses to ``found``; return why there is a gap, if there is one.
+
+        A temporary failure of either lookup is returned even when the other gave
+        addresses (the one not answered may hold a better one); otherwise a miss is
+        returned only when neither lookup gave an address. The AAAA lookup is not
+        made once ``found`` is full.
         """
         host_name = name.to_text(omit_final_dot=True).lower()
         misses: list[_Miss] = []
+        offered = False
         for rdtype, kind in ((dns.rdatatype.A, A), (dns.rdatatype.AAAA, AAAA)):
             if found.full:
                 break
@@ -245,11 +284,16 @@ class MXResolver:
                 if answer.nxdomain:
                     break  # no AAAA either: the name does not exist
                 continue
-            for record in answer:
-                if isinstance(record, kind):
-                    found.offer(host_name, str(record.address))
+            addresses = [str(record.address) for record in answer if isinstance(record, kind)]
+            if not addresses:
+                misses.append(_Miss())  # an answer without a record of its type is no more than NODATA
+            for address in addresses:
+                found.offer(host_name, address)
+            offered = offered or bool(addresses)
         temporary = next((m for m in misses if m.temporary is not None), None)
-        return temporary or next(iter(misses), None)
+        if temporary is not None or offered:
+            return temporary
+        return next(iter(misses), None)
 
     def _lookup(
         self, name: dns.name.Name, rdtype: dns.rdatatype.RdataType, deadline: float
@@ -269,6 +313,34 @@ class MXResolver:
             return _Miss(temporary=_no_nameservers_reason(error))
         except dns.exception.DNSException as error:
             return _Miss(temporary=f"the lookup failed ({type(error).__name__})")
+
+
+def _numeric_exchange(exchange: dns.name.Name) -> IPAddress | None:
+    """Return the address an MX record's exchange is written as (``10 192.0.2.1.``), if it is one.
+
+    An IPv6 address with a zone index ("fe80::1%eth0") is no address here: it names
+    an interface of this machine, which the DNS has no business choosing.
+    """
+    try:
+        address = ipaddress.ip_address(exchange.to_text(omit_final_dot=True))
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.scope_id:
+        return None
+    return address
+
+
+def _not_found_text(exchange: dns.name.Name, miss: _Miss) -> str:
+    """Say in a few words what the DNS answered for an MX host without an address."""
+    name = exchange.to_text(omit_final_dot=True).lower()
+    return f"{name} does not exist (NXDOMAIN)" if miss.nxdomain else f"{name} has no A or AAAA record"
+
+
+def _some_of(items: list[str]) -> str:
+    """List the first few ``items``, and count the rest, so a reply stays short."""
+    named = items[:_NAMED_IN_REPLY]
+    more = len(items) - len(named)
+    return ", ".join(named) + (f" and {more} more" if more else "")
 
 
 def _no_nameservers_reason(error: dns.resolver.NoNameservers) -> str:
@@ -312,11 +384,23 @@ class _Found:
             self.domain, host_name, address, why,
         )  # fmt: skip
 
+    def offer_numeric_exchange(self, exchange: str, address: IPAddress) -> None:
+        """Offer an MX host written as an address, as a host named after that address.
+
+        RFC 5321 §5.1 wants a domain name in an MX record; Postfix takes an address
+        there as it is, with a warning, and so does this: the domain's owner learns of
+        the mistake from the log, the mail still goes. The policy applies as to any address.
+        """
+        logger.warning(
+            "numeric MX host: domain=%s exchange=%s address=%s; an MX record should name a host, "
+            "the address is used without an A or AAAA lookup",
+            self.domain, exchange, address,
+        )  # fmt: skip
+        self.offer(str(address), str(address))
+
     def refused_text(self) -> str:
         """Say which addresses were refused and which setting would open them."""
-        named = [f"{address} ({why})" for address, why in list(self.refused.items())[:_NAMED_IN_REPLY]]
-        more = len(self.refused) - len(named)
-        listing = ", ".join(named) + (f" and {more} more" if more else "")
+        listing = _some_of([f"{address} ({why})" for address, why in self.refused.items()])
         return (
             f"Refused as not globally routable: {listing}. "
             "To deliver there on purpose, add its network to BUMAIL_QUEUE['ALLOWED_PRIVATE_NETWORKS']."
@@ -324,7 +408,7 @@ class _Found:
 
     def all_refused(self) -> Destinations:
         """Return the failure of a domain whose every address was refused."""
-        return Destinations.failed(_REFUSED_STATUS, f"No usable address for {self.domain}. {self.refused_text()}")
+        return Destinations.failed(_UNROUTABLE_STATUS, f"No usable address for {self.domain}. {self.refused_text()}")
 
 
 # -- Destination policy ---------------------------------------------------------------------

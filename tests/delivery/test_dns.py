@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import random
 import socket
 import time
@@ -22,7 +23,12 @@ OPEN_NETWORKS = tuple(ipaddress.ip_network(n) for n in (*LOOPBACK_NETWORKS, "192
 
 
 def resolver_for(
-    server: LoopbackDNSServer, *, timeout: float = 5.0, seed: int | None = 0, address_limit: int = 5
+    server: LoopbackDNSServer,
+    *,
+    timeout: float = 5.0,
+    seed: int | None = 0,
+    address_limit: int = 5,
+    allowed: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = OPEN_NETWORKS,
 ) -> MXResolver:
     rng = None if seed is None else random.Random(seed)
     return MXResolver(
@@ -30,7 +36,7 @@ def resolver_for(
         port=PORT,
         timeout=timeout,
         rng=rng,
-        allowed_networks=OPEN_NETWORKS,
+        allowed_networks=allowed,
         address_limit=address_limit,
     )
 
@@ -185,7 +191,8 @@ def test_mx_hosts_without_an_address_are_skipped(dns_server: LoopbackDNSServer) 
     assert ("missing.example.test", "AAAA") not in dns_server.queries
 
 
-def test_no_mx_host_with_an_address_is_deferred(dns_server: LoopbackDNSServer) -> None:
+def test_mx_hosts_missing_or_without_an_address_fail(dns_server: LoopbackDNSServer) -> None:
+    # Postfix takes NXDOMAIN and NODATA alike as "not found" (DNS_NOTFOUND): 5.4.4, not days of retries.
     dns_server.zone = DNSZone(
         {
             "example.test": {"MX": [(10, "missing.example.test"), (20, "empty.example.test")], "A": ["127.0.0.9"]},
@@ -194,7 +201,15 @@ def test_no_mx_host_with_an_address_is_deferred(dns_server: LoopbackDNSServer) -
     )
     result = resolver_for(dns_server).destinations("example.test")
     # Never the domain's own address: it has MX records.
-    assert_failure(result, RecipientStatus.DEFERRED, "4.4.3", "example.test", "No MX host")
+    assert_failure(
+        result,
+        RecipientStatus.FAILED,
+        "5.4.4",
+        "No MX host of example.test has an address",
+        "missing.example.test does not exist (NXDOMAIN)",
+        "empty.example.test has no A or AAAA record",
+    )
+    assert ("example.test", "A") not in dns_server.queries
 
 
 def test_no_mx_host_with_an_address_after_a_timeout_says_so(dns_server: LoopbackDNSServer) -> None:
@@ -208,6 +223,162 @@ def test_no_mx_host_with_an_address_after_a_timeout_says_so(dns_server: Loopback
     result = resolver_for(dns_server, timeout=0.5).destinations("example.test")
     assert time.monotonic() - started < 2
     assert_failure(result, RecipientStatus.DEFERRED, "4.4.3", "example.test", "No MX host", "0.5 seconds")
+
+
+# -- MX hosts that do not exist, numeric MX hosts ------------------------------------------
+
+
+def test_mx_hosts_that_all_do_not_exist_fail(dns_server: LoopbackDNSServer) -> None:
+    dns_server.zone = DNSZone(
+        {"example.test": {"MX": [(10, "mx1.gone.test"), (20, "mx2.gone.test")], "A": ["127.0.0.9"]}}
+    )
+    result = resolver_for(dns_server).destinations("example.test")
+    assert_failure(
+        result,
+        RecipientStatus.FAILED,
+        "5.4.4",
+        "No MX host of example.test has an address",
+        "mx1.gone.test does not exist (NXDOMAIN)",
+        "mx2.gone.test does not exist (NXDOMAIN)",
+    )
+    assert ("example.test", "A") not in dns_server.queries  # never the implicit MX
+
+
+def test_mx_hosts_that_exist_without_an_address_record_fail(dns_server: LoopbackDNSServer) -> None:
+    # Postfix: NOERROR with no answer (NODATA) is DNS_NOTFOUND, as NXDOMAIN is: 5.4.4.
+    dns_server.zone = DNSZone(
+        {
+            "example.test": {"MX": [(10, "mx1.example.test"), (20, "mx2.example.test")]},
+            "mx1.example.test": {},
+            "mx2.example.test": {"MX": [(10, "elsewhere.test")]},  # a name, but no A or AAAA
+        }
+    )
+    result = resolver_for(dns_server).destinations("example.test")
+    assert_failure(
+        result,
+        RecipientStatus.FAILED,
+        "5.4.4",
+        "mx1.example.test has no A or AAAA record",
+        "mx2.example.test has no A or AAAA record",
+    )
+    assert {("mx1.example.test", "AAAA"), ("mx2.example.test", "AAAA")} <= set(dns_server.queries)
+
+
+@pytest.mark.parametrize(
+    ("failing", "failing_first", "words"),
+    [
+        pytest.param("SERVFAIL", False, "SERVFAIL", id="servfail-after"),
+        pytest.param("SERVFAIL", True, "SERVFAIL", id="servfail-before"),
+        pytest.param("TIMEOUT", False, "0.5 seconds", id="timeout-after"),
+        pytest.param({"AAAA": "SERVFAIL"}, False, "SERVFAIL", id="nodata-and-servfail-after"),
+        pytest.param({"AAAA": "SERVFAIL"}, True, "SERVFAIL", id="nodata-and-servfail-before"),
+    ],
+)
+def test_a_missing_mx_host_beside_one_whose_lookup_failed_for_now_is_deferred(
+    dns_server: LoopbackDNSServer, failing: object, failing_first: bool, words: str
+) -> None:
+    # The failing one may well have an address: never fail the mail because the DNS was down.
+    preferences = (20, 10) if failing_first else (10, 20)
+    dns_server.zone = DNSZone(
+        {
+            "example.test": {"MX": [(preferences[0], "missing.example.test"), (preferences[1], "flaky.example.test")]},
+            "flaky.example.test": failing,
+        }
+    )
+    result = resolver_for(dns_server, timeout=0.5).destinations("example.test")
+    assert_failure(result, RecipientStatus.DEFERRED, "4.4.3", "No MX host of example.test", words)
+    assert ("missing.example.test", "A") in dns_server.queries
+
+
+def test_a_missing_mx_host_is_skipped_for_one_that_exists(dns_server: LoopbackDNSServer) -> None:
+    dns_server.zone = DNSZone(
+        {
+            "example.test": {"MX": [(10, "missing.example.test"), (20, "mx.example.test")]},
+            "mx.example.test": {"A": ["127.0.0.1"], "AAAA": ["::1"]},
+        }
+    )
+    result = resolver_for(dns_server).destinations("example.test")
+    assert result.failure is None
+    assert result.hosts == (host("mx.example.test", "127.0.0.1"), host("mx.example.test", "::1"))
+
+
+def test_mx_hosts_beyond_the_bound_are_not_asked_before_failing(dns_server: LoopbackDNSServer) -> None:
+    # "Every MX host" is every one looked up: MX_HOSTS_PER_ADDRESS * address_limit of them.
+    dns_server.zone = DNSZone({"example.test": {"MX": [(i, f"mx{i}.gone.test") for i in range(10)]}})
+    result = resolver_for(dns_server, address_limit=1).destinations("example.test")
+    assert_failure(result, RecipientStatus.FAILED, "5.4.4", "mx0.gone.test", "mx1.gone.test")
+    assert {name for name, kind in dns_server.queries if kind == "A"} == {"mx0.gone.test", "mx1.gone.test"}
+
+
+@pytest.mark.parametrize(
+    ("exchange", "address"),
+    [
+        ("8.8.8.8", "8.8.8.8"),
+        ("127.0.0.1", "127.0.0.1"),  # loopback, opened by OPEN_NETWORKS
+        ("2001:4860:4860::8888", "2001:4860:4860::8888"),
+        ("2001:DB8:0::25", "2001:db8::25"),  # written as the address reads best
+        ("::1", "::1"),
+    ],
+)
+def test_a_numeric_mx_host_is_used_as_its_address_with_a_warning(
+    dns_server: LoopbackDNSServer, caplog: pytest.LogCaptureFixture, exchange: str, address: str
+) -> None:
+    dns_server.zone = DNSZone({"example.test": {"MX": [(10, exchange + ".")]}})
+    with caplog.at_level(logging.WARNING, logger="bumail_queue.delivery.dns"):
+        result = resolver_for(dns_server).destinations("example.test")
+    assert result == Destinations(hosts=(host(address, address),), failure=None)
+    assert dns_server.queries == [("example.test", "MX")]  # no A or AAAA question for it
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING
+    assert "numeric MX host" in record.getMessage()
+    assert f"domain=example.test exchange={exchange} " in record.getMessage()
+
+
+def test_a_numeric_mx_host_keeps_its_place_among_named_ones(dns_server: LoopbackDNSServer) -> None:
+    dns_server.zone = DNSZone(
+        {
+            "example.test": {"MX": [(20, "mx.example.test"), (10, "192.0.2.25."), (30, "2001:db8::25.")]},
+            "mx.example.test": {"A": ["127.0.0.1"]},
+        }
+    )
+    result = resolver_for(dns_server).destinations("example.test")
+    assert result.hosts == (
+        host("192.0.2.25", "192.0.2.25"),
+        host("mx.example.test", "127.0.0.1"),
+        host("2001:db8::25", "2001:db8::25"),
+    )
+    assert {name for name, _ in dns_server.queries} == {"example.test", "mx.example.test"}
+
+
+def test_a_numeric_mx_host_is_refused_by_the_policy_unless_its_network_is_allowed(
+    dns_server: LoopbackDNSServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    dns_server.zone = DNSZone({"example.test": {"MX": [(10, "127.0.0.1."), (20, "::1.")]}})
+    with caplog.at_level(logging.WARNING, logger="bumail_queue.delivery.dns"):
+        refused = resolver_for(dns_server, allowed=()).destinations("example.test")
+    assert_failure(
+        refused,
+        RecipientStatus.FAILED,
+        "5.4.4",
+        "No usable address for example.test",
+        "127.0.0.1 (loopback)",
+        "::1 (loopback)",
+        "ALLOWED_PRIVATE_NETWORKS",
+    )
+    assert "destination refused: domain=example.test host=127.0.0.1 address=127.0.0.1 " in caplog.text
+    assert dns_server.queries == [("example.test", "MX")]
+
+    loopback_v4 = (ipaddress.ip_network("127.0.0.0/8"),)
+    allowed = resolver_for(dns_server, allowed=loopback_v4).destinations("example.test")
+    assert allowed == Destinations(hosts=(host("127.0.0.1", "127.0.0.1"),), failure=None)
+
+
+def test_a_numeric_mx_host_with_a_zone_index_is_no_address(dns_server: LoopbackDNSServer) -> None:
+    # "fe80::1%eth0" would name an interface of this machine: it is looked up as a name.
+    dns_server.zone = DNSZone({"example.test": {"MX": [(10, "fe80::1%eth0.")]}})
+    result = resolver_for(dns_server, allowed=(ipaddress.ip_network("fe80::/10"),)).destinations("example.test")
+    assert_failure(result, RecipientStatus.FAILED, "5.4.4", "fe80::1%eth0 does not exist (NXDOMAIN)")
+    assert ("fe80::1%eth0", "A") in dns_server.queries
 
 
 # -- No MX record: the implicit MX ------------------------------------------------------

@@ -13,8 +13,9 @@ Fixtures (import them into a test module, or name this module in ``pytest_plugin
     ``mx.test``, ``server_context`` to give a server (``tls=``) and
     ``client_context``, which trusts the CA, to give a client.
 
-:class:`SMTPTestServer` listens on ``host`` (127.0.0.1), ``port`` (ephemeral) and
-records:
+:class:`SMTPTestServer` listens on ``host`` (127.0.0.1), ``port`` (an ephemeral one
+unless given: ``smtp_servers(port=closed_port())`` brings up a host that refused a
+client a moment ago) and records:
 
 - ``messages``: a :class:`ReceivedMessage` for each message the server accepted
   (``mail_from``, ``""`` for the null sender, ``mail_options`` such as ``["SIZE=123", "BODY=8BITMIME"]``,
@@ -151,9 +152,9 @@ class SMTPTestServer:
     smtputf8: bool = True
     eightbitmime: bool = True
     pipelining: bool = True
+    port: int = 0  # 0: an ephemeral port, set once listening
 
     host: str = dataclasses.field(default="127.0.0.1", init=False)
-    port: int = dataclasses.field(default=0, init=False)
     messages: list[ReceivedMessage] = dataclasses.field(default_factory=list, init=False)
     commands: list[Command] = dataclasses.field(default_factory=list, init=False)
     logins: list[str] = dataclasses.field(default_factory=list, init=False)
@@ -186,7 +187,7 @@ class SMTPTestServer:
             try:
                 server = loop.run_until_complete(
                     loop.create_server(
-                        self._protocol, host=self.host, port=0, ssl=self.tls if self.implicit_tls else None
+                        self._protocol, host=self.host, port=self.port, ssl=self.tls if self.implicit_tls else None
                     )
                 )
             except BaseException as error:  # reported by start()

@@ -4,8 +4,9 @@ What it does, step by step and outcome by outcome, is in ``docs/delivery.md``.
 The modules, from the bottom up: ``replies`` (reply text and status codes),
 ``failures`` (what goes wrong, as exceptions), ``tls`` (the route's TLS policy),
 ``connection`` (smtplib's client, bounded in time and size), ``pool`` (sessions kept
-for reuse), ``handshake`` (greeting to AUTH), ``transactions`` (MAIL to the message)
-and ``transport`` (:class:`SMTPTransport`, which tries the hosts).
+for reuse), ``unreachable`` (the hosts that did not answer, remembered a while),
+``handshake`` (greeting to AUTH), ``transactions`` (MAIL to the message) and
+``transport`` (:class:`SMTPTransport`, which tries the hosts).
 Each SMTP step logs at most one DEBUG line on this package's logger.
 """
 

@@ -38,6 +38,7 @@ class _Step:
     ends_at: float
     limit: str
     doing: str
+    session: bool = False  # the session's time ends it, not the step's own timeout
 
 
 class _Connection(smtplib.SMTP):
@@ -119,7 +120,8 @@ class _Connection(smtplib.SMTP):
         return left
 
     def _ran_out(self) -> _DeadlineError:
-        return _DeadlineError(f"Timed out {self._step.doing} ({self._target}): {self._step.limit} ran out")
+        text = f"Timed out {self._step.doing} ({self._target}): {self._step.limit} ran out"
+        return _DeadlineError(text, session=self._step.session)
 
     def _too_long(self, what: str) -> _StepError:
         self.close()
@@ -229,7 +231,7 @@ class _Steps:
         if now + seconds <= deadline:
             conn.arm(_Step(ends_at=now + seconds, limit=f'TIMEOUTS["{step.upper()}"] ({seconds:g} s)', doing=doing))
         else:
-            conn.arm(_Step(ends_at=deadline, limit=self.session_limit_text(), doing=doing))
+            conn.arm(_Step(ends_at=deadline, limit=self.session_limit_text(), doing=doing, session=True))
 
     def quit(self, conn: _Connection) -> None:
         """QUIT, briefly and without minding the answer, then close."""

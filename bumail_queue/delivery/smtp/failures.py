@@ -29,12 +29,19 @@ class _StepError(Exception):
     """A step went wrong: what every recipient without an outcome gets."""
 
     def __init__(
-        self, reply: Reply, *, status: RecipientStatus = RecipientStatus.DEFERRED, answered: bool = False
+        self,
+        reply: Reply,
+        *,
+        status: RecipientStatus = RecipientStatus.DEFERRED,
+        answered: bool = False,
+        unreachable: bool = False,
     ) -> None:
         super().__init__(reply.text)
         self.reply = reply
         self.status = status
         self.answered = answered  # a server replied: it is the Delivery's remote_host
+        # The host said nothing at all: the transport remembers it (UNREACHABLE_HOST_MEMORY).
+        self.unreachable = unreachable
         self.greeted = False  # the host had begun its greeting: it counts towards MX_SESSION_LIMIT
         self.tls = False  # the session ran over TLS when it failed
 
@@ -65,6 +72,10 @@ class _RouteRefusedError(Exception):
 class _DeadlineError(TimeoutError):
     """A step's time ran out; the text says which limit it was (the step's or the session's)."""
 
+    def __init__(self, text: str, *, session: bool = False) -> None:
+        super().__init__(text)
+        self.session = session  # the session's time ran out, not the step's own timeout
+
 
 def _refused(message: str, item_id: str) -> _RouteRefusedError:
     return _RouteRefusedError(RouteOptionError(message, item_id=item_id))
@@ -74,12 +85,18 @@ def _timed_out(error: BaseException) -> bool:
     return any(isinstance(e, TimeoutError) for e in (error, error.__cause__, error.__context__))
 
 
-def _ran_out(error: BaseException) -> _StepError | None:
-    """Return the failure of a step whose time ran out, if ``error`` says so."""
+def _deadline_of(error: BaseException) -> _DeadlineError | None:
+    """Return the deadline that ran out, if ``error`` is or comes from one."""
     for cause in (error, error.__cause__, error.__context__):
         if isinstance(cause, _DeadlineError):
-            return _StepError(_own("4.4.2", str(cause)))
+            return cause
     return None
+
+
+def _ran_out(error: BaseException) -> _StepError | None:
+    """Return the failure of a step whose time ran out, if ``error`` says so."""
+    deadline = _deadline_of(error)
+    return None if deadline is None else _StepError(_own("4.4.2", str(deadline)))
 
 
 def _lost(error: OSError, host: Host, when: str) -> _StepError:
@@ -92,9 +109,16 @@ def _lost(error: OSError, host: Host, when: str) -> _StepError:
 
 
 def _connect_failure(error: OSError, host: Host) -> _StepError:
-    """Return the failure of a connection that could not be made."""
-    if (ran_out := _ran_out(error)) is not None:
-        return ran_out
+    """Return the failure of a connection that could not be made, or whose greeting did not come.
+
+    It is ``unreachable`` when the host said nothing: the connection was refused or
+    could not be made, or CONNECT or GREETING ran out of its own time. A host that
+    closed the connection, or failed the TLS handshake, is there; a name that does
+    not resolve is DNS's failure, not the host's.
+    """
+    if (deadline := _deadline_of(error)) is not None:
+        # The session's time running out says nothing of this host: others took it.
+        return _StepError(_own("4.4.2", str(deadline)), unreachable=not deadline.session)
     if isinstance(error, smtplib.SMTPServerDisconnected):
         return _lost(error, host, "waiting for the greeting")
     if isinstance(error, smtplib.SMTPResponseException):
@@ -102,9 +126,9 @@ def _connect_failure(error: OSError, host: Host) -> _StepError:
     if isinstance(error, ssl.SSLError):
         return _StepError(_own("4.7.5", f"TLS handshake with {host} failed: {error}"))
     if _timed_out(error):
-        return _StepError(_own("4.4.2", f"Timed out connecting to {host}"))
+        return _StepError(_own("4.4.2", f"Timed out connecting to {host}"), unreachable=True)
     if isinstance(error, ConnectionRefusedError):
-        return _StepError(_own("4.4.1", f"Connection refused by {host}"))
+        return _StepError(_own("4.4.1", f"Connection refused by {host}"), unreachable=True)
     if isinstance(error, socket.gaierror):
         return _StepError(_own("4.4.3", f"The host name of {host} does not resolve: {error}"))
-    return _StepError(_own("4.4.1", f"Cannot connect to {host}: {error}"))
+    return _StepError(_own("4.4.1", f"Cannot connect to {host}: {error}"), unreachable=True)

@@ -49,6 +49,8 @@ class _Opener:
             return self._open(conn, host, key, route, item_id, deadline, starttls=starttls)
         except _StepError as failure:
             failure.greeted, failure.tls = failure.greeted or conn.heard, conn.tls
+            # A host that began its greeting is there, whatever ran out after that.
+            failure.unreachable = failure.unreachable and not conn.heard
             raise
 
     def _open(

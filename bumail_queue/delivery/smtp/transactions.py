@@ -10,7 +10,8 @@ import smtplib
 
 from bumail_queue.addresses import envelope_form, needs_smtputf8
 from bumail_queue.delivery.envelope import Envelope, Host
-from bumail_queue.items import Outcome, RecipientStatus
+from bumail_queue.delivery.transfer_encoding import UnconvertibleError, needs_conversion, seven_bit_safe
+from bumail_queue.items import Outcome, RecipientStatus, Reply
 
 from .connection import _Steps
 from .failures import _lost, _StaleConnectionError, _StepError
@@ -27,6 +28,7 @@ _LINE_END = re.compile(rb"\r\n|\r|\n")
 # The end of the header block (RFC 5322 §2.1): the first empty line.
 _HEADER_END = re.compile(rb"\r?\n\r?\n|\r\r")
 _LEADING_DOT = re.compile(rb"^\.", re.MULTILINE)
+_STUFFED_DOT = re.compile(rb"^\.\.", re.MULTILINE)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -37,15 +39,13 @@ class _Message:
     size: int  # RFC 1870: CRLF lines, before dot-stuffing
     eight_bit: bool
     utf8_headers: bool  # RFC 6532 header fields: they travel only with SMTPUTF8
+    long_lines: bool  # a line over 998 octets, which must be re-encoded for any server
 
     @classmethod
     def of(cls, message: bytes) -> _Message:
+        text = _crlf(message)
         # A stored message is nearly always CRLF already, with no line starting with
-        # "."; counting is far cheaper than the substitutions, so they run only when needed.
-        crlf = message.count(b"\r\n")
-        text = message if message.count(b"\r") == message.count(b"\n") == crlf else _LINE_END.sub(b"\r\n", message)
-        if text and not text.endswith(b"\r\n"):
-            text += b"\r\n"
+        # "."; counting is far cheaper than the substitution, so it runs only when needed.
         stuffed = _LEADING_DOT.sub(b"..", text) if text.startswith(b".") or b"\n." in text else text
         eight_bit = not message.isascii()
         return cls(
@@ -53,7 +53,34 @@ class _Message:
             size=len(text),
             eight_bit=eight_bit,
             utf8_headers=eight_bit and _utf8_headers(message),
+            long_lines=needs_conversion(text, eight_bit=True),
         )
+
+    def for_server(self, *, eight_bit: bool, utf8_headers: bool) -> _Message:
+        """Return the message re-encoded for a server that does or does not take 8-bit
+        content (8BITMIME) and UTF-8 header fields (SMTPUTF8); itself when it fits.
+
+        Raises ``UnconvertibleError`` when a header field stands in the way.
+        """
+        if not self.long_lines and (eight_bit or not self.eight_bit):
+            return self
+        text = _unstuffed(self.data)
+        return _Message.of(seven_bit_safe(text, eight_bit=eight_bit, utf8_headers=utf8_headers))
+
+
+def _crlf(message: bytes) -> bytes:
+    """Return ``message`` with every line ending in CRLF, the last one included."""
+    crlf = message.count(b"\r\n")
+    text = message if message.count(b"\r") == message.count(b"\n") == crlf else _LINE_END.sub(b"\r\n", message)
+    if text and not text.endswith(b"\r\n"):
+        text += b"\r\n"
+    return text
+
+
+def _unstuffed(data: bytes) -> bytes:
+    """Return the CRLF text that ``_Message.data`` carries, dot-stuffing and end undone."""
+    text = data[: -len(b".\r\n")]
+    return _STUFFED_DOT.sub(b".", text) if text.startswith(b"..") or b"\n.." in text else text
 
 
 def _utf8_headers(message: bytes) -> bool:
@@ -63,6 +90,16 @@ def _utf8_headers(message: bytes) -> bool:
     """
     end = _HEADER_END.search(message)
     return not message[: end.start() if end else len(message)].isascii()
+
+
+def _size_refusal(session: _Session, message: _Message) -> Reply | None:
+    """Return why ``message`` is larger than the server's SIZE (RFC 1870), if it is."""
+    limit = session.conn.esmtp_features.get("size", "").strip()
+    if limit.isdigit() and 0 < int(limit) < message.size:
+        return _own(
+            "5.3.4", f"The message ({message.size} bytes) is larger than {session.host} takes ({int(limit)} bytes)"
+        )
+    return None
 
 
 def _path(address: str) -> str:
@@ -91,12 +128,9 @@ class _Transactions:
         if not utf8:
             self._refuse_utf8(session.host, envelope, message, pending, outcomes)
         todo = [r for r in pending if r not in outcomes]
-        limit = conn.esmtp_features.get("size", "").strip()
-        if todo and limit.isdigit() and 0 < int(limit) < message.size:
-            reply = _own(
-                "5.3.4", f"The message ({message.size} bytes) is larger than {session.host} takes ({int(limit)} bytes)"
-            )
-            outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=reply)) for r in todo)
+        message, refusal = self._fit(session, message, utf8=utf8)
+        if refusal is not None:
+            outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=refusal)) for r in todo)
             todo = []
         options = []
         if conn.has_extn("size"):
@@ -136,6 +170,25 @@ class _Transactions:
                 outcomes.update((r, outcome) for r in todo)
                 return
             todo = self._recipients(session, envelope, message, todo, outcomes, deadline)
+
+    @staticmethod
+    def _fit(session: _Session, message: _Message, *, utf8: bool) -> tuple[_Message, Reply | None]:
+        """Return the message as ``session``'s server is to get it, or why it cannot.
+
+        The size is checked before any re-encoding as well as after: a message too
+        large as it is stored is refused without the cost of converting it.
+        """
+        conn = session.conn
+        eight_bit = conn.has_extn("8bitmime")
+        refusal = _size_refusal(session, message)
+        if refusal is not None:
+            return message, refusal
+        try:
+            fitted = message.for_server(eight_bit=eight_bit, utf8_headers=utf8)
+        except UnconvertibleError as error:
+            why = " (it does not offer 8BITMIME)" if message.eight_bit and not eight_bit else ""
+            return message, _own("5.6.3", f"The message cannot be re-encoded for {session.host}{why}: {error}.")
+        return fitted, None if fitted is message else _size_refusal(session, fitted)
 
     @staticmethod
     def _refuse_utf8(

@@ -21,6 +21,7 @@ from .pool import _Key, _Pool, _Session
 from .replies import _own, _raw
 from .tls import _Contexts, _Policy, _policy_of
 from .transactions import _Message, _Transactions
+from .unreachable import _UnreachableHosts
 
 # The package's logger: the name docs/delivery.md and docs/worker.md give.
 logger = logging.getLogger(__package__)
@@ -43,10 +44,12 @@ class SMTPTransport:
     ``hostname`` is said in EHLO/HELO; ``timeouts`` bound each step and the session;
     ``reuse_seconds`` is how long an idle connection is kept (0: none is);
     ``mx_session_limit`` is how many MX hosts that greeted and failed temporarily are
-    tried per envelope (Postfix's ``smtp_mx_session_limit``).
+    tried per envelope (Postfix's ``smtp_mx_session_limit``);
+    ``unreachable_memory_seconds`` is how long a host that did not answer is not
+    connected to again (RFC 5321 §4.5.4.1; 0: it is tried every time).
     ``ssl_context`` verifies smarthost certificates (``ssl.create_default_context()``
-    when ``None``); ``clock`` gives the time in seconds, for the session's deadline and
-    the connections' idle time.
+    when ``None``); ``clock`` gives the time in seconds, for the session's deadline,
+    the connections' idle time and how long a host is remembered.
     """
 
     def __init__(
@@ -56,6 +59,7 @@ class SMTPTransport:
         timeouts: Timeouts,
         reuse_seconds: float,
         mx_session_limit: int = 2,
+        unreachable_memory_seconds: float = 300.0,
         ssl_context: ssl.SSLContext | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -67,6 +71,7 @@ class SMTPTransport:
         self._pool = _Pool(reuse_seconds=reuse_seconds, steps=self._steps, clock=clock)
         self._opener = _Opener(hostname=hostname, steps=self._steps, contexts=_Contexts(ssl_context), clock=clock)
         self._transactions = _Transactions(self._steps)
+        self._unreachable = _UnreachableHosts(seconds=unreachable_memory_seconds, clock=clock)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} hostname={self._hostname!r} pooled={self.pooled_count()}>"
@@ -130,6 +135,11 @@ class SMTPTransport:
             if session_limit and greeted_failures >= session_limit:
                 logger.debug("%s: MX_SESSION_LIMIT (%s) reached; %s not tried", envelope.item_id, session_limit, host)
                 break
+            if (remembered := self._unreachable.recall(host)) is not None:
+                # RFC 5321 §4.5.4.1: no new connection to a host that just did not answer.
+                logger.debug("%s %s: not tried: %s", envelope.item_id, host, remembered.reply.text)
+                last, last_host = remembered, host
+                continue
             while True:  # again while a pooled connection turns out stale: the next, or a new one
                 try:
                     session = self._session(host, policy, route, envelope.item_id, deadline)
@@ -139,10 +149,12 @@ class SMTPTransport:
                         greeted_failures += 1
                     if failure.reply.code is None:  # a server's reply was logged with its step
                         logger.debug("%s %s: %s", envelope.item_id, host, failure.reply.text)
+                    self._learn_from(host, failure, envelope.item_id)
                     break
                 except _RouteRefusedError as failure:
                     self._option_failed(failure.error, pending, outcomes)
                     return finish(host.name, failure.error)
+                self._unreachable.forget(host)  # it took the session: it is there, whatever comes next
                 if self._transact(session, envelope, message, pending, outcomes, deadline):
                     return finish(host.name, tls=session.conn.tls)
 
@@ -165,7 +177,24 @@ class SMTPTransport:
         """Return how many idle connections the pool holds."""
         return self._pool.count()
 
+    def unreachable_count(self) -> int:
+        """Return how many hosts are remembered as not answering (``UNREACHABLE_HOST_MEMORY``)."""
+        return self._unreachable.count()
+
     # -- sessions -------------------------------------------------------------------
+
+    def _learn_from(self, host: Host, failure: _StepError, item_id: str) -> None:
+        """Remember a host that said nothing; forget one that began its greeting."""
+        if failure.unreachable:
+            if self._unreachable.remember(host, failure):
+                logger.info(
+                    "%s %s: did not answer; not connected to again for %g s (UNREACHABLE_HOST_MEMORY)",
+                    item_id,
+                    host,
+                    self._unreachable.seconds,
+                )
+        elif failure.greeted:
+            self._unreachable.forget(host)
 
     def _option_failed(self, error: RouteOptionError, pending: Iterable[str], outcomes: dict[str, Outcome]) -> None:
         logger.warning("%s: the route cannot be used: %s", error.item_id, error.message)
