@@ -66,6 +66,9 @@ and ``auth_require_tls`` when a connection opens; ``implicit_tls`` at start):
 ``smtputf8`` / ``eightbitmime`` / ``pipelining``
     Offer SMTPUTF8 / 8BITMIME / PIPELINING (all ``True``: aiosmtpd reads pipelined
     commands one after another, as RFC 2920 asks, though it does not say so).
+``dsn``
+    Offer DSN (RFC 3461; ``False``): its MAIL and RCPT parameters are taken, and
+    kept only in ``commands``.
 
 ``closed_port()`` returns a loopback port nothing listens on (a connection is
 refused); ``unanswered_port()``, a context manager, gives one whose connections are
@@ -77,6 +80,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import re
 import socket
 import ssl
 import threading
@@ -87,6 +91,7 @@ import pytest
 from aiosmtpd.smtp import MISSING, SMTP, AuthResult, LoginPassword
 
 _FOREVER = 3600.0
+_DSN_PARAMETER = re.compile(r"(?i)(RET|ENVID|NOTIFY|ORCPT)=")
 _STEPS = frozenset(
     {
         "greeting",
@@ -152,6 +157,7 @@ class SMTPTestServer:
     smtputf8: bool = True
     eightbitmime: bool = True
     pipelining: bool = True
+    dsn: bool = False
     port: int = 0  # 0: an ephemeral port, set once listening
 
     host: str = dataclasses.field(default="127.0.0.1", init=False)
@@ -276,6 +282,8 @@ class _Handler:
             lines = [x for x in lines if not x.upper().startswith("AUTH")]
         if self.script.pipelining:
             lines.insert(1, "PIPELINING")
+        if self.script.dsn:
+            lines.insert(1, "DSN")
         return [f"250-{x}" for x in lines[:-1]] + [f"250 {lines[-1]}"]
 
     async def handle_HELO(self, server: _ScriptedSMTP, session: Any, envelope: Any, hostname: str) -> str:
@@ -423,11 +431,18 @@ class _ScriptedSMTP(SMTP):
 
     async def smtp_MAIL(self, arg: str | None) -> None:
         if await self._command("MAIL", arg):
-            await super().smtp_MAIL(arg)
+            await super().smtp_MAIL(self._without_dsn_parameters(arg))
 
     async def smtp_RCPT(self, arg: str | None) -> None:
         if await self._command("RCPT", arg):
-            await super().smtp_RCPT(arg)
+            await super().smtp_RCPT(self._without_dsn_parameters(arg))
+
+    def _without_dsn_parameters(self, arg: str | None) -> str | None:
+        # aiosmtpd refuses parameters it does not know (555); a server that offers
+        # DSN takes RFC 3461's, which ``commands`` keeps.
+        if not self.script.dsn or arg is None:
+            return arg
+        return " ".join(word for word in arg.split(" ") if not _DSN_PARAMETER.match(word))
 
     async def smtp_RSET(self, arg: str) -> None:
         if await self._command("RSET", arg):

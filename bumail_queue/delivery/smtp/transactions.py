@@ -21,6 +21,9 @@ from .replies import _outcome, _own, _status_of
 # The package's logger: the name docs/delivery.md and docs/worker.md give.
 logger = logging.getLogger(__package__)
 
+#: RFC 3461 §4.4: an ENVID of at most 100 characters.
+_ENVID_LIMIT = 100
+
 #: How much of the message is sent under one ``data_block`` timeout.
 BLOCK_SIZE = 64 * 1024
 
@@ -107,6 +110,45 @@ def _path(address: str) -> str:
     return f"<{envelope_form(address)}>"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Arguments:
+    """What MAIL says, and what each RCPT says, in one envelope's transactions."""
+
+    mail: str  # "FROM:<sender> SIZE=... ..."
+    dsn: bool  # the server offers DSN (RFC 3461)
+    null_sender: bool
+
+    def rcpt(self, recipient: str) -> str:
+        """Return RCPT's argument for ``recipient``: its path, and RFC 3461's parameters where offered."""
+        path = _path(recipient)
+        if not self.dsn:
+            return f"TO:{path}"
+        # The worker reports failures and delays itself; a server further on should
+        # too, and never about a report (RFC 3461 §5.2 / RFC 3464 §2: no DSN of a DSN).
+        notify = "NEVER" if self.null_sender else "FAILURE,DELAY"
+        original = path[1:-1]
+        # ORCPT's rfc822 type is ASCII only (RFC 3461 §4.2); RFC 6533's UTF-8 form
+        # is for SMTPUTF8 transactions, and a missing ORCPT is no error.
+        orcpt = f" ORCPT=rfc822;{_xtext(original)}" if original.isascii() else ""
+        return f"TO:{path} NOTIFY={notify}{orcpt}"
+
+
+def _dsn_mail_parameters(item_id: str) -> list[str]:
+    """Return MAIL's RFC 3461 parameters: headers only in a bounce, and the item's id.
+
+    ``ENVID`` comes back in every DSN a server further on sends (RFC 3464
+    ``Original-Envelope-Id``), so a bounce can be matched to its item; ``RET=HDRS``
+    because the sender needs the headers to match a bounce, not the whole message back.
+    """
+    envid = _xtext(item_id)
+    return ["RET=HDRS", f"ENVID={envid}"] if len(envid) <= _ENVID_LIMIT else ["RET=HDRS"]
+
+
+def _xtext(text: str) -> str:
+    """Return ``text`` as RFC 3461 §4 xtext: "+", "=" and what is not printable ASCII as "+XX"."""
+    return "".join(c if "!" <= c <= "~" and c not in "+=" else "".join(f"+{b:02X}" for b in c.encode()) for c in text)
+
+
 class _Transactions:
     """Runs the transactions of an envelope on an open session, each step armed by ``steps``."""
 
@@ -141,14 +183,21 @@ class _Transactions:
         smtputf8 = utf8 and (message.utf8_headers or needs_smtputf8(envelope.sender) or any(map(needs_smtputf8, todo)))
         if smtputf8:
             options.append("SMTPUTF8")
-        mail_args = f"FROM:{_path(envelope.sender)}" + "".join(f" {o}" for o in options)
+        dsn = conn.has_extn("dsn")
+        if dsn:
+            options += _dsn_mail_parameters(envelope.item_id)
+        args = _Arguments(
+            mail=f"FROM:{_path(envelope.sender)}" + "".join(f" {o}" for o in options),
+            dsn=dsn,
+            null_sender=not envelope.sender,
+        )
 
         if conn.has_extn("pipelining"):
             reset = session.reused
             encoding = "utf-8" if smtputf8 else "ascii"
             while todo:
                 todo = self._pipelined(
-                    session, envelope, message, todo, outcomes, deadline, mail_args, encoding=encoding, reset=reset
+                    session, envelope, message, todo, outcomes, deadline, args, encoding=encoding, reset=reset
                 )
                 reset = True
             return
@@ -160,7 +209,7 @@ class _Transactions:
             if smtputf8:
                 conn.command_encoding = "utf-8"  # RSET sets it back to ASCII
             try:
-                code, raw = self._command(session, item_id, "mail", deadline, "MAIL", mail_args)
+                code, raw = self._command(session, item_id, "mail", deadline, "MAIL", args.mail)
             except ValueError as error:  # refused by smtplib, nothing was sent
                 reply = _own("5.1.7", f"smtplib refused the sender address: {error}")
                 outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=reply)) for r in todo)
@@ -169,7 +218,7 @@ class _Transactions:
                 outcome = _outcome(code, raw)
                 outcomes.update((r, outcome) for r in todo)
                 return
-            todo = self._recipients(session, envelope, message, todo, outcomes, deadline)
+            todo = self._recipients(session, envelope, message, todo, outcomes, deadline, args)
 
     @staticmethod
     def _fit(session: _Session, message: _Message, *, utf8: bool) -> tuple[_Message, Reply | None]:
@@ -244,7 +293,7 @@ class _Transactions:
         todo: list[str],
         outcomes: dict[str, Outcome],
         deadline: float,
-        mail_args: str,
+        args: _Arguments,
         *,
         encoding: str,
         reset: bool,
@@ -254,7 +303,7 @@ class _Transactions:
         left for another transaction (after a 452)."""
         conn, item_id = session.conn, envelope.item_id
         try:
-            group = [f"MAIL {mail_args}\r\n".encode(encoding)]
+            group = [f"MAIL {args.mail}\r\n".encode(encoding)]
         except UnicodeEncodeError as error:
             reply = _own("5.1.7", f"smtplib refused the sender address: {error}")
             outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=reply)) for r in todo)
@@ -262,7 +311,7 @@ class _Transactions:
         sent: list[str] = []
         for recipient in todo:
             try:
-                group.append(f"RCPT TO:{_path(recipient)}\r\n".encode(encoding))
+                group.append(f"RCPT {args.rcpt(recipient)}\r\n".encode(encoding))
             except UnicodeEncodeError as error:
                 reply = _own("5.1.3", f"smtplib refused the recipient address: {error}")
                 outcomes[recipient] = Outcome(status=RecipientStatus.FAILED, reply=reply)
@@ -285,12 +334,12 @@ class _Transactions:
                 raise _StaleConnectionError from error
             raise
         session.reused = False
-        mail_code, mail_raw = self._reply(session, item_id, "mail", deadline, "MAIL", mail_args)
+        mail_code, mail_raw = self._reply(session, item_id, "mail", deadline, "MAIL", args.mail)
         accepted: list[str] = []
         left: list[str] = []
         too_many: Outcome | None = None
         for recipient in sent:
-            code, raw = self._reply(session, item_id, "rcpt", deadline, "RCPT", f"TO:{_path(recipient)}")
+            code, raw = self._reply(session, item_id, "rcpt", deadline, "RCPT", args.rcpt(recipient))
             if not 200 <= mail_code < 300:
                 continue  # refused after a refused MAIL: the MAIL reply decides
             if code == 452:
@@ -350,6 +399,7 @@ class _Transactions:
         todo: list[str],
         outcomes: dict[str, Outcome],
         deadline: float,
+        args: _Arguments,
     ) -> list[str]:
         """RCPT each of ``todo`` then DATA, in the open transaction; return the recipients left for another."""
         item_id = envelope.item_id
@@ -358,7 +408,7 @@ class _Transactions:
         too_many: Outcome | None = None
         for index, recipient in enumerate(todo):
             try:
-                code, raw = self._command(session, item_id, "rcpt", deadline, "RCPT", f"TO:{_path(recipient)}")
+                code, raw = self._command(session, item_id, "rcpt", deadline, "RCPT", args.rcpt(recipient))
             except ValueError as error:  # refused by smtplib, nothing was sent
                 reply = _own("5.1.3", f"smtplib refused the recipient address: {error}")
                 outcomes[recipient] = Outcome(status=RecipientStatus.FAILED, reply=reply)
