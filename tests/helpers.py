@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import email.message
+import io
 import json
 import os
 import signal
@@ -13,6 +15,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
+from email.generator import BytesGenerator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,6 +57,14 @@ def wait_until(predicate: Callable[[], object], seconds: float = 20) -> bool:
             return True
         time.sleep(0.02)
     return bool(predicate())
+
+
+def as_wire_bytes(message: email.message.Message) -> bytes:
+    """Return a message of Django's (compat32 on Django 5.2, ``EmailMessage`` on 6.x) with CRLF lines."""
+    # The generator, as neither as_bytes() takes both of the two's arguments.
+    buffer = io.BytesIO()
+    BytesGenerator(buffer, mangle_from_=False, policy=message.policy.clone(linesep="\r\n")).flatten(message)
+    return buffer.getvalue()
 
 
 class FakeClock:

@@ -426,9 +426,19 @@ def test_a_long_header_folded_into_lines_of_998_octets_or_fewer_is_queued():
     assert folded in queue.read_message(item.id)
 
 
-def test_a_header_value_too_long_to_fold_given_to_an_email_message_is_refused():
+def test_a_header_value_too_long_for_a_line_given_to_an_email_message_is_folded_or_refused():
     message = EmailMessage("Hi", "Hello", "app@example.com", ["bob@example.org"], headers={"X-Token": "t" * 2000})
 
-    error = refused(lambda: queue.enqueue(message))
-
-    assert "RFC 5322 §2.1.1" in error.message
+    # Django 5.2's compat32 policy writes the word on one line, which is refused; 6.x's
+    # policy folds it into encoded words, which fit.
+    try:
+        item = queue.enqueue(message)
+    except QueueError as error:
+        assert error.code == ErrorCode.INVALID
+        assert "RFC 5322 §2.1.1" in error.message
+        assert Item.objects.count() == 0
+        return
+    stored = queue.read_message(item.id)
+    head = stored.split(b"\r\n\r\n", 1)[0]
+    assert max(len(line) for line in head.split(b"\r\n")) <= 998
+    assert b"X-Token:" in head

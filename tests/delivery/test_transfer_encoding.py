@@ -20,7 +20,7 @@ from bumail_queue.conf import Route
 from bumail_queue.delivery.smtp import SMTPTransport
 from bumail_queue.delivery.transfer_encoding import UnconvertibleError, needs_conversion, seven_bit_safe
 from bumail_queue.items import RecipientStatus
-from tests.helpers import envelope, mx, only_reply, smarthost, use_queue_backend
+from tests.helpers import as_wire_bytes, envelope, mx, only_reply, smarthost, use_queue_backend
 from tests.servers.smtp import SMTPTestServer
 
 DELIVERED, FAILED = RecipientStatus.DELIVERED, RecipientStatus.FAILED
@@ -35,7 +35,7 @@ def transport(transports: Callable[..., SMTPTransport]) -> SMTPTransport:
 
 
 def django_message(message: EmailMessage) -> bytes:
-    return message.message().as_bytes(linesep="\r\n")
+    return as_wire_bytes(message.message())
 
 
 def leaves(data: bytes) -> list[Message]:
