@@ -1,13 +1,14 @@
 """How fast one worker drains the queue to a local SMTP sink, beside plain smtplib.
 
-    python bench/drain.py [--n N] [--concurrency C] [--postgres URL] [--redis URL] [--smtp-sink PATH]
+    python bench/drain.py [--n N] [--concurrency C] [--postgres URL] [--redis URL] [--smtp-sink PATH] [--dkim]
 
 One run, one Markdown table: for SQLite, PostgreSQL and Redis (with PostgreSQL as
 Django's database, which keeps the delivery log), ``queue.deliver_due()`` (the
 worker's own loop, claims, sessions and records) with connection reuse on and off,
 and, as the ceiling, plain ``smtplib`` sending the same messages over one connection
-with no queue at all. The sink is Postfix's ``smtp-sink`` on a loopback port. Compare
-the rows with each other only.
+with no queue at all. ``--dkim`` adds SQLite rows whose mail is signed with an
+RSA-2048 or an Ed25519 key. The sink is Postfix's ``smtp-sink`` on a loopback port.
+Compare the rows with each other only.
 """
 
 from __future__ import annotations
@@ -76,7 +77,13 @@ def messages(n: int) -> list[object]:
 
 
 def drain_round(
-    database_url: str, n: int, concurrency: int, reuse: float, port: int, redis_url: str | None = None
+    database_url: str,
+    n: int,
+    concurrency: int,
+    reuse: float,
+    port: int,
+    redis_url: str | None = None,
+    dkim: list[dict[str, str]] | None = None,
 ) -> tuple[str, float, int]:
     """Enqueue n, then time one burst of the worker; return (store, seconds, delivered)."""
     if redis_url is not None:
@@ -94,6 +101,7 @@ def drain_round(
         "ROUTE": {"TYPE": "smarthost", "HOST": "127.0.0.1", "PORT": port, "TLS": "none"},
         "CONNECTION_REUSE_SECONDS": reuse,
         "CONCURRENCY": concurrency,
+        "DKIM": dkim or [],
     }
     with override_settings(BUMAIL_QUEUE=settings):
         service = QueueService()
@@ -103,6 +111,22 @@ def drain_round(
         stats = service.deliver_due()
         seconds = time.perf_counter() - started
     return database_label(), seconds, stats.delivered
+
+
+def dkim_signer(algorithm: str) -> dict[str, str]:
+    """A signer of the bench's From domain with a key made now: RSA of 2,048 bits or Ed25519."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+
+    key = (
+        rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        if algorithm == "rsa-sha256"
+        else ed25519.Ed25519PrivateKey.generate()
+    )
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    return {"DOMAIN": "example.com", "SELECTOR": "bench", "KEY": pem, "ALGORITHM": algorithm}
 
 
 def smtplib_round(n: int, port: int) -> float:
@@ -125,6 +149,9 @@ def main() -> int:
     parser.add_argument("--postgres", default=DEFAULT_POSTGRES)
     parser.add_argument("--redis", default=os.environ.get("REDIS_URL") or DEFAULT_REDIS, help="'none' leaves Redis out")
     parser.add_argument("--smtp-sink", default=shutil.which("smtp-sink") or "/usr/sbin/smtp-sink")
+    parser.add_argument(
+        "--dkim", action="store_true", help="add rows signed with RSA-2048 and Ed25519 (SQLite, reuse on; extra dkim)"
+    )
     args = parser.parse_args()
     if not Path(args.smtp_sink).exists():
         print("smtp-sink not found (Debian: apt-get install postfix); give --smtp-sink PATH", file=sys.stderr)
@@ -158,6 +185,15 @@ def main() -> int:
                             check,
                         )
                     )
+            if args.dkim:
+                for algorithm in ("rsa-sha256", "ed25519-sha256"):
+                    signer = dkim_signer(algorithm)
+                    label, seconds, delivered = in_child(
+                        drain_round, sqlite_url, args.n, args.concurrency, 10.0, port, None, [signer]
+                    )
+                    check = "ok" if delivered == args.n else f"only {delivered} delivered"
+                    what = f"worker, reuse on, DKIM {algorithm}"
+                    rows.append((what, label, args.concurrency, delivered / seconds, check))
     finally:
         drop_bench_database(args.postgres)
     best = rows[0][3]

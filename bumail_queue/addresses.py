@@ -80,6 +80,15 @@ def a_labels(domain: str) -> str:
     return idna.encode(domain, uts46=True, std3_rules=True).decode("ascii")
 
 
+def u_labels(domain: str) -> str:
+    """Return a domain in A-labels as a person writes it: IDNA2008 U-labels, lowercase.
+
+    ``xn--bcher-kva.example`` is ``bücher.example``; an ASCII domain without A-labels
+    comes back lowercase. Raises ``UnicodeError`` for an A-label that is none.
+    """
+    return str(idna.decode(domain))
+
+
 def _idna_problem(domain: str) -> str | None:
     """Say why IDNA2008 refuses a Unicode ``domain``, or return ``None``."""
     try:
@@ -114,7 +123,9 @@ def _literal_problem(literal: str) -> str | None:
     return None
 
 
-def _domain_problem(domain: str) -> str | None:
+def domain_problem(domain: str) -> str | None:
+    """Say what is wrong with ``domain`` as the domain of a mailbox (RFC 5321 §4.1.2,
+    IDNA2008 for a Unicode one; an address literal too), or return ``None``."""
     if not domain:
         return "the domain after the @ is empty"
     if domain.startswith("[") and domain.endswith("]"):
@@ -144,7 +155,7 @@ def mailbox_problem(address: str) -> str | None:
     local, at, domain = address.rpartition("@")
     if not at:
         return "it has no @"
-    return _local_part_problem(local) or _domain_problem(domain)
+    return _local_part_problem(local) or domain_problem(domain)
 
 
 def check_mailbox(address: str, *, role: str) -> str:

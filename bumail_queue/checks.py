@@ -10,6 +10,7 @@ from django.conf import settings as django_settings
 from django.core import checks
 
 from .conf import SETTING_NAME, effective_hostname, get_settings, not_fqdn_reason, validate
+from .delivery.dkim import ADVISED_RSA_BITS, DKIMError, describe, load_key
 from .errors import QueueError
 
 BACKEND_PATH = "bumail_queue.backends.QueueEmailBackend"
@@ -109,3 +110,39 @@ def check_hostname_is_fqdn(app_configs: Sequence[AppConfig] | None = None, **kwa
             id="bumail_queue.W004",
         )
     ]
+
+
+@checks.register("bumail_queue")
+def check_dkim_keys(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Read every ``DKIM`` key as the worker will: one that cannot sign is an error, a
+    short RSA key a warning."""
+    if validate(getattr(django_settings, SETTING_NAME, {})):
+        return []  # check_settings reports those
+    found: list[checks.CheckMessage] = []
+    for signer in get_settings().dkim:
+        try:
+            key = load_key(signer)
+        except DKIMError as error:
+            found.append(
+                checks.Error(
+                    f"BUMAIL_QUEUE['DKIM'] cannot sign: {error}.",
+                    hint="Give KEY as an unencrypted PEM private key of the ALGORITHM's type (RSA of 2,048 bits "
+                    "or more, or Ed25519), a path to one, or the dotted path of a callable that returns one. "
+                    "Until then the mail of that domain waits, deferred (see DKIM_UNSIGNED_ON_ERROR).",
+                    obj=SETTING_NAME,
+                    id="bumail_queue.E024",
+                )
+            )
+            continue
+        if signer.algorithm == "rsa-sha256" and key.bits < ADVISED_RSA_BITS:
+            found.append(
+                checks.Warning(
+                    f"BUMAIL_QUEUE['DKIM'] signs {describe(signer)} with an RSA key of {key.bits} bits; "
+                    f"receivers ask for {ADVISED_RSA_BITS} or more, and some score shorter keys as spam.",
+                    hint="Make a key of 2,048 bits (openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048), "
+                    "publish it under a new selector, then switch to it.",
+                    obj=SETTING_NAME,
+                    id="bumail_queue.W005",
+                )
+            )
+    return found

@@ -58,6 +58,10 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     # RFC 5321 §4.5.4.1: hosts that did not answer are not tried again for this long
     # (Postfix keeps a dead destination for minimal_backoff_time, 300 s); 0: off.
     "UNREACHABLE_HOST_MEMORY": timedelta(minutes=5),
+    # DKIM signers (RFC 6376, RFC 8463), each {"DOMAIN", "SELECTOR", "KEY", "ALGORITHM"};
+    # a message whose signing fails waits (deferred) unless DKIM_UNSIGNED_ON_ERROR.
+    "DKIM": [],
+    "DKIM_UNSIGNED_ON_ERROR": False,
     # RFC 5321 §4.5.4.1: retries at least 30 minutes apart, growing, with jitter.
     "RETRY_MIN_DELAY": timedelta(minutes=30),
     "RETRY_MAX_DELAY": timedelta(hours=4),
@@ -133,6 +137,24 @@ class Route:
     tls_required: bool = False
 
 
+DKIM_ALGORITHMS: Final = ("rsa-sha256", "ed25519-sha256")
+_DKIM_KEYS: Final = frozenset({"DOMAIN", "SELECTOR", "KEY", "ALGORITHM"})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class DKIMSigner:
+    """One ``DKIM`` entry: who signs (``d=``, ``s=``), with which key and algorithm.
+
+    ``key`` is as written: a PEM, a path to a PEM file, or the dotted path of a
+    callable that returns one; ``delivery.dkim`` reads it. It is never shown.
+    """
+
+    domain: str  # lowercase A-labels
+    selector: str
+    key: str = dataclasses.field(repr=False)
+    algorithm: str = "rsa-sha256"
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Timeouts:
     """How long each step of an SMTP session may take, in seconds (RFC 5321 §4.5.3.2)."""
@@ -172,6 +194,8 @@ class QueueSettings:
     mx_address_limit: int
     mx_session_limit: int
     unreachable_host_memory: timedelta
+    dkim: tuple[DKIMSigner, ...]
+    dkim_unsigned_on_error: bool
     retry_min_delay: timedelta
     retry_max_delay: timedelta
     retry_factor: float
@@ -460,6 +484,7 @@ def validate(raw: Any) -> list[Problem]:
     for key in ("MX_ADDRESS_LIMIT", "MX_SESSION_LIMIT"):
         check.positive_int(raw, key, "bumail_queue.E021")
     check.duration(raw, "UNREACHABLE_HOST_MEMORY", "bumail_queue.E021", zero_is_off=True)
+    _check_dkim(check, raw)
     min_delay = check.duration(raw, "RETRY_MIN_DELAY", "bumail_queue.E015")
     max_delay = check.duration(raw, "RETRY_MAX_DELAY", "bumail_queue.E015")
     if min_delay is not None and max_delay is not None and min_delay > max_delay:
@@ -540,6 +565,60 @@ def validate(raw: Any) -> list[Problem]:
     return check.problems
 
 
+def _check_dkim(check: _Validator, raw: Mapping[str, Any]) -> None:
+    """Check the shape of ``DKIM`` and ``DKIM_UNSIGNED_ON_ERROR``; the keys themselves
+    are read by the system check ``bumail_queue.E024``, as reading one may call code."""
+    if not isinstance(raw.get("DKIM_UNSIGNED_ON_ERROR", False), bool):
+        check.add(
+            "bumail_queue.E023",
+            "DKIM_UNSIGNED_ON_ERROR",
+            f"BUMAIL_QUEUE['DKIM_UNSIGNED_ON_ERROR'] must be True or False; got {raw['DKIM_UNSIGNED_ON_ERROR']!r}.",
+        )
+    signers = raw.get("DKIM", DEFAULTS["DKIM"])
+    if not isinstance(signers, list | tuple):
+        check.add("bumail_queue.E023", "DKIM", f"BUMAIL_QUEUE['DKIM'] must be a list of signers; got {signers!r}.")
+        return
+    for index, signer in enumerate(signers):
+        for problem in _dkim_signer_problems(signer):
+            check.add("bumail_queue.E023", "DKIM", f"BUMAIL_QUEUE['DKIM'][{index}] {problem}.")
+
+
+def _dkim_signer_problems(signer: Any) -> list[str]:
+    if not isinstance(signer, Mapping):
+        return [f"must be a dict with DOMAIN, SELECTOR, KEY and ALGORITHM; got {type(signer).__name__}"]
+    problems = [f"has the unknown key {key!r}" for key in sorted(set(signer) - _DKIM_KEYS, key=repr)]
+    problems += [f"needs {key!r}" for key in ("DOMAIN", "SELECTOR", "KEY") if key not in signer]
+    domain, selector = signer.get("DOMAIN"), signer.get("SELECTOR")
+    if "DOMAIN" in signer and not (isinstance(domain, str) and _is_dkim_domain(domain)):
+        problems.append(f"has a DOMAIN that is not a domain name such as 'example.com': {domain!r}")
+    if "SELECTOR" in signer and not (
+        isinstance(selector, str) and not selector.endswith(".") and _HOSTNAME.fullmatch(selector)
+    ):
+        problems.append(f"has a SELECTOR that is not one or more DNS labels such as 's2026': {selector!r}")
+    if "KEY" in signer and not (isinstance(signer["KEY"], str) and signer["KEY"].strip()):
+        # Never the value: it may be the private key itself.
+        problems.append("has a KEY that is not a PEM, a path to a PEM file or the dotted path of a callable")
+    if signer.get("ALGORITHM", "rsa-sha256") not in DKIM_ALGORITHMS:
+        problems.append(
+            f"has the ALGORITHM {signer.get('ALGORITHM')!r}; it must be one of {', '.join(DKIM_ALGORITHMS)}"
+        )
+    return problems
+
+
+def _is_dkim_domain(domain: str) -> bool:
+    name = normalise_domain(domain)
+    return bool(_HOSTNAME.fullmatch(name)) and "." in name.strip(".") and not _is_ip(name)
+
+
+def _dkim_from(raw: Mapping[str, Any]) -> DKIMSigner:
+    return DKIMSigner(
+        domain=normalise_domain(raw["DOMAIN"]),
+        selector=raw["SELECTOR"].lower(),
+        key=raw["KEY"],
+        algorithm=raw.get("ALGORITHM", "rsa-sha256"),
+    )
+
+
 def _route_from(raw: Mapping[str, Any]) -> Route:
     if raw["TYPE"] == "mx":
         return Route(type="mx", tls_required=raw.get("TLS_REQUIRED", False))
@@ -590,6 +669,8 @@ def load(raw: Any) -> QueueSettings:
         mx_address_limit=values["MX_ADDRESS_LIMIT"],
         mx_session_limit=values["MX_SESSION_LIMIT"],
         unreachable_host_memory=_as_timedelta(values["UNREACHABLE_HOST_MEMORY"]),
+        dkim=tuple(map(_dkim_from, values["DKIM"])),
+        dkim_unsigned_on_error=values["DKIM_UNSIGNED_ON_ERROR"],
         retry_min_delay=_as_timedelta(values["RETRY_MIN_DELAY"]),
         retry_max_delay=_as_timedelta(values["RETRY_MAX_DELAY"]),
         retry_factor=float(values["RETRY_FACTOR"]),

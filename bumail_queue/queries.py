@@ -1,9 +1,10 @@
-"""What an operator asks of the queue: a filtered listing, and a summary of its shape.
+"""What an operator asks of the queue: a filtered listing, a summary of its shape, a retry.
 
 The admin and ``manage.py queue_status`` ask every store the same questions through
-``QueueStore.search`` and ``QueueStore.summary``; the values here are what they
-exchange. The functions are the plain-Python answers, which a store without a faster
-way (the memory store, a store of your own) uses as they are.
+``QueueStore.search`` and ``QueueStore.summary`` (``queue_retry``, through
+``retry_deferred`` and ``retry_items``); the values here are what they exchange. The
+functions are the plain-Python answers, which a store without a faster way (the
+memory store, a store of your own) uses as they are.
 """
 
 from __future__ import annotations
@@ -121,6 +122,17 @@ class ItemCount(int):
 
     def __repr__(self) -> str:
         return f"ItemCount({int(self)}, exact={self.exact})"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RetryResult:
+    """What a retry did (``queue.retry_deferred``, ``QueueStore.retry_items``): how many
+    items it made due now, and which of the ids it was given it left to the lease
+    that holds them, or found no item for, as they were given."""
+
+    due: int
+    leased: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
 
 
 def is_estimate(count: int) -> bool:

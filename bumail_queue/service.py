@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -12,10 +13,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from . import mime, signals
-from .conf import QueueSettings, get_settings
+from .addresses import domain_problem
+from .conf import QueueSettings, get_settings, normalise_domain
 from .errors import ErrorCode, QueueError
 from .items import NewItem, QueueItem
-from .queries import AGE_BUCKETS, ItemQuery, ItemState, QueueSummary
+from .queries import AGE_BUCKETS, ItemQuery, ItemState, QueueSummary, RetryResult
 from .stores import QueueStore, get_store
 from .text import require_keepable
 
@@ -133,6 +135,38 @@ class QueueService:
         """Make the item due now; ``True`` if it was in the queue."""
         return self.store.reschedule(str(id), at=self.clock())
 
+    def retry_deferred(self, *, domain: str | None = None, ids: Sequence[str] | None = None) -> RetryResult:
+        """Make deferred mail due now, by the admin's *Retry now* rules: an item being
+        delivered is left to its worker, and no attempt is counted.
+
+        Without arguments, every item with a deferred recipient; with ``domain``, every
+        item with a deferred recipient at that domain (compared as routes compare
+        domains: IDNA2008 A-labels, case and a trailing dot aside); with ``ids``, those
+        items, whatever their recipients' state. Idle workers are woken.
+
+        Returns how many items were made due and, of ``ids``, those being delivered
+        (``leased``) and those no item has (``missing``), as given. Raises
+        ``QueueError(INVALID)`` for a domain that is none, or for a domain and ids.
+        """
+        if domain is not None and ids is not None:
+            raise QueueError(ErrorCode.INVALID, "Retry by domain or by item ids, not both.")
+        now = self.clock()
+        if ids is not None:
+            return self._retry_items([ids] if isinstance(ids, str) else [str(given) for given in ids], now)
+        retry_domain = None if domain is None else _recipient_domain(domain)
+        return RetryResult(due=self.store.retry_deferred(now=now, domain=retry_domain))
+
+    def _retry_items(self, ids: builtins.list[str], now: datetime) -> RetryResult:
+        # The store gets each id once, in its usual form; the answer names them as given.
+        usual = {given: _usual_id(given) for given in ids}
+        done = self.store.retry_items(builtins.list(dict.fromkeys(usual.values())), now=now)
+        leased, missing = set(done.leased), set(done.missing)
+        return RetryResult(
+            due=done.due,
+            leased=tuple(given for given, item_id in usual.items() if item_id in leased),
+            missing=tuple(given for given, item_id in usual.items() if item_id in missing),
+        )
+
     def cancel(self, id: str) -> QueueItem | None:
         """Drop the item and its message, with no DSN; return it as it stood.
 
@@ -183,6 +217,24 @@ class QueueService:
         clock = self.clock if now is None else (lambda: now)
         worker = Worker(settings=self.settings, store=self.store, transport=transport, resolver=resolver, clock=clock)
         return worker.run_until_idle()
+
+
+def _recipient_domain(domain: str) -> str:
+    """Return ``domain`` in the form recipients' domains are compared in; raise
+    ``QueueError(INVALID)`` for one no mailbox could be at."""
+    name = domain.rstrip(".")
+    problem = domain_problem(name) if name else "it is empty"
+    if problem:
+        raise QueueError(ErrorCode.INVALID, f"{domain!r} is not a domain: {problem}.")
+    return normalise_domain(name)
+
+
+def _usual_id(item_id: str) -> str:
+    """Return an id in the form items are given (a UUID's usual text), or as it is."""
+    try:
+        return str(uuid.UUID(item_id))
+    except ValueError:
+        return item_id
 
 
 def _on_commit(store: QueueStore) -> bool:

@@ -38,10 +38,21 @@ import pytest
 from bumail_queue.errors import QueueError
 from bumail_queue.items import AttemptResult, NewItem, Outcome, QueueItem, Reply
 from bumail_queue.items import RecipientStatus as S
-from bumail_queue.queries import ItemQuery, ItemState
+from bumail_queue.queries import ItemQuery, ItemState, RetryResult
 from bumail_queue.stores.base import QueueStore
 
-__all__ = ["LATER", "LEASE", "NO_SUCH_USER", "OK", "T0", "StoreContract", "claim_one", "new_item", "result"]
+__all__ = [
+    "LATER",
+    "LEASE",
+    "NO_SUCH_USER",
+    "OK",
+    "T0",
+    "StoreContract",
+    "claim_one",
+    "new_item",
+    "result",
+    "tried_once",
+]
 
 #: The time every contract test starts at.
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -102,6 +113,28 @@ def result(next_at: datetime, **outcomes: Any) -> AttemptResult:
         next_attempt_at=next_at,
         count_attempt=count,
     )
+
+
+def tried_once(
+    store: QueueStore,
+    recipients: Sequence[str],
+    *,
+    deferred: Sequence[str] | None = None,
+    until: datetime = T0 + timedelta(minutes=30),
+) -> QueueItem:
+    """Add an item and record one attempt at ``T0``: ``deferred`` (every recipient unless
+    told) deferred until ``until``, the others delivered. Return the item as recorded.
+
+    It claims what is due at ``T0``: call it before adding other items due then.
+    """
+    added = store.add(new_item(recipients=recipients))
+    claimed = claim_one(store, "tried-once")
+    assert claimed.id == added.id, "another item was due at T0"
+    later = set(recipients if deferred is None else deferred)
+    outcomes = {address: (S.DEFERRED, LATER) if address in later else (S.DELIVERED, OK) for address in recipients}
+    recorded = store.complete(added.id, owner="tried-once", result=result(until, **outcomes))
+    assert recorded is not None
+    return recorded
 
 
 class StoreContract:
@@ -400,6 +433,86 @@ class StoreContract:
         assert store.get(added.id) is None
         assert store.read_message(added.id) is None
         assert store.cancel(added.id) is None
+
+    # -- retrying for operators: retry_deferred, retry_items (queue_retry) --------------
+
+    def test_retry_deferred_makes_items_with_a_deferred_recipient_due_without_an_attempt(
+        self, store: QueueStore
+    ) -> None:
+        deferred = tried_once(store, ["a@one.example"])
+        partly = tried_once(store, ["b@one.example", "c@two.example"], deferred=["c@two.example"])
+        scheduled = store.add(new_item(next_attempt_at=T0 + timedelta(hours=1)))  # never tried: no deferred recipient
+        now = T0 + timedelta(minutes=1)
+        assert store.retry_deferred(now=now) == 2
+        for item in (deferred, partly):
+            assert store.get(item.id) == dataclasses.replace(item, next_attempt_at=now)  # attempts stay at 1
+        assert store.get(scheduled.id).next_attempt_at == T0 + timedelta(hours=1)
+        assert store.retry_deferred(now=now + timedelta(seconds=1)) == 0  # due already: they keep their time
+        assert store.get(deferred.id).next_attempt_at == now
+        claimed = store.claim(owner="w2", now=now, lease_until=now + LEASE, limit=10)
+        assert {item.id for item in claimed} == {deferred.id, partly.id}
+
+    def test_retry_deferred_leaves_an_item_being_delivered_to_its_worker(self, store: QueueStore) -> None:
+        item = tried_once(store, ["a@example.org"])
+        leased = claim_one(store, "w2", now=item.next_attempt_at)
+        now = item.next_attempt_at + timedelta(minutes=1)
+        assert store.retry_deferred(now=now) == 0
+        assert store.retry_deferred(now=now, domain="example.org") == 0
+        assert store.get(item.id) == leased
+        assert claim_one(store, "w3", now=now) is None
+
+    def test_retry_deferred_at_a_domain_compares_domains_as_routes_do(self, store: QueueStore) -> None:
+        slow = tried_once(store, ["Late@Slow.Example"])
+        unicode = tried_once(store, ["ann@bücher.example"])
+        upper = tried_once(store, ["bob@BÜCHER.example"])
+        a_labels = tried_once(store, ["cid@xn--bcher-kva.example"])
+        tried_once(store, ["d@fast.example", "e@slow.example"], deferred=["d@fast.example"])  # slow's delivered
+        tried_once(store, ["f@mail.slow.example"])
+        store.add(new_item(recipients=["g@slow.example"], next_attempt_at=T0 + timedelta(hours=1)))  # pending
+        now = T0 + timedelta(minutes=1)
+        assert store.retry_deferred(now=now, domain="slow.example") == 1
+        assert store.retry_deferred(now=now, domain="xn--bcher-kva.example") == 3
+        assert store.retry_deferred(now=now, domain="example") == 0
+        due = {item.id for item in store.list() if item.next_attempt_at == now}
+        assert due == {slow.id, unicode.id, upper.id, a_labels.id}
+
+    def test_retry_items_makes_the_items_named_due_whatever_their_state(self, store: QueueStore) -> None:
+        deferred = tried_once(store, ["a@example.org"])
+        leased = store.add(new_item())
+        claim_one(store, "w2")  # until T0 + LEASE
+        scheduled = store.add(new_item(next_attempt_at=T0 + timedelta(hours=1)))
+        early = store.add(new_item(next_attempt_at=T0 - timedelta(minutes=1)))
+        unknown = "00000000-0000-4000-8000-000000000000"
+        now = T0 + timedelta(minutes=1)
+        done = store.retry_items(
+            [deferred.id, leased.id, scheduled.id, early.id, unknown, "not-an-id", "nul\x00id", deferred.id], now=now
+        )
+        assert done == RetryResult(due=3, leased=(leased.id,), missing=(unknown, "not-an-id", "nul\x00id"))
+        assert store.get(deferred.id) == dataclasses.replace(deferred, next_attempt_at=now)
+        assert store.get(scheduled.id).next_attempt_at == now
+        assert store.get(early.id).next_attempt_at == T0 - timedelta(minutes=1)  # due earlier: kept
+        assert (store.get(leased.id).lease_owner, store.get(leased.id).next_attempt_at) == ("w2", T0 + LEASE)
+        assert store.retry_items([], now=now) == RetryResult(due=0)
+
+    def test_a_retry_that_made_an_item_due_wakes_idle_workers(self, store: QueueStore) -> None:
+        listener = store.listener()
+        if listener is None:
+            pytest.skip("this store wakes no worker: they poll")
+        try:
+            item = tried_once(store, ["a@example.org"])
+            while listener.wait(0.2):  # the add's announcement
+                pass
+            assert store.retry_deferred(now=T0 + timedelta(minutes=1), domain="other.example") == 0
+            assert listener.wait(0.2) is False  # nothing was made due
+            assert store.retry_deferred(now=T0 + timedelta(minutes=1)) == 1
+            assert listener.wait(5) is True
+            store.reschedule(item.id, at=T0 + timedelta(hours=1))
+            while listener.wait(0.2):  # the reschedule's
+                pass
+            assert store.retry_items([item.id], now=T0 + timedelta(minutes=2)).due == 1
+            assert listener.wait(5) is True
+        finally:
+            listener.close()
 
     # -- reading for operators: search, message heads, summary, estimated count --------
 

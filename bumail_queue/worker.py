@@ -48,6 +48,7 @@ from django.db import connections
 from django.utils import timezone
 
 from bumail_queue.conf import QueueSettings, get_settings
+from bumail_queue.delivery.dkim import Signatures
 from bumail_queue.delivery.envelope import Delivery, Envelope, Host, Resolver, Transport
 from bumail_queue.delivery.routes import Destination, group_by_destination
 from bumail_queue.errors import QueueError
@@ -187,6 +188,9 @@ class Worker:
             reuse_seconds=self.settings.connection_reuse_seconds,
             mx_session_limit=self.settings.mx_session_limit,
             unreachable_memory_seconds=self.settings.unreachable_host_memory.total_seconds(),
+            dkim=Signatures(self.settings.dkim, unsigned_on_error=self.settings.dkim_unsigned_on_error)
+            if self.settings.dkim
+            else None,
         )
 
     @property

@@ -27,6 +27,7 @@ from bumail_queue.stores import get_store
 from bumail_queue.stores.memory import MemoryStore
 from bumail_queue.stores.orm import ORMStore
 from bumail_queue.stores.redis import RedisStore
+from tests.dkim_keys import TestKeys
 
 # Real servers on loopback that tests configure: a DNS server, SMTP servers, Redis servers.
 pytest_plugins = ["tests.servers.dns", "tests.servers.smtp", "tests.servers.redis"]
@@ -167,3 +168,9 @@ def orm_store(transactional_db) -> ORMStore:
 @pytest.fixture
 def db_vendor() -> str:
     return connections["default"].vendor
+
+
+@pytest.fixture(scope="session")
+def dkim_keys() -> TestKeys:
+    """DKIM keys made once for the session (RSA of 2,048, 1,024 and 768 bits, Ed25519)."""
+    return TestKeys.make()

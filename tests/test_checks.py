@@ -331,3 +331,78 @@ def test_the_check_command_shows_w004_without_failing():
     with override_settings(BUMAIL_QUEUE={"HOSTNAME": "localhost.localdomain"}):
         call_command("check", stdout=io.StringIO(), stderr=err)
     assert "(bumail_queue.W004) BUMAIL_QUEUE['HOSTNAME'] is 'localhost.localdomain'" in err.getvalue()
+
+
+# -- DKIM ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dkim", "expected"),
+    [
+        ("example.com", "BUMAIL_QUEUE['DKIM'] must be a list of signers"),
+        (["example.com"], "BUMAIL_QUEUE['DKIM'][0] must be a dict with DOMAIN, SELECTOR, KEY and ALGORITHM"),
+        ([{"DOMAIN": "example.com", "SELECTOR": "s1"}], "BUMAIL_QUEUE['DKIM'][0] needs 'KEY'"),
+        (
+            [{"DOMAIN": "localhost", "SELECTOR": "s1", "KEY": "k.pem"}],
+            "has a DOMAIN that is not a domain name such as 'example.com': 'localhost'",
+        ),
+        (
+            [{"DOMAIN": "192.0.2.1", "SELECTOR": "s1", "KEY": "k.pem"}],
+            "has a DOMAIN that is not a domain name",
+        ),
+        ([{"DOMAIN": "example.com", "SELECTOR": "s 1", "KEY": "k.pem"}], "has a SELECTOR that is not one or more DNS"),
+        (
+            [{"DOMAIN": "example.com", "SELECTOR": "s1", "KEY": "k.pem", "ALGORITHM": "rsa-sha1"}],
+            "has the ALGORITHM 'rsa-sha1'; it must be one of rsa-sha256, ed25519-sha256",
+        ),
+        ([{"DOMAIN": "example.com", "SELECTOR": "s1", "KEY": "k.pem", "SIGN": 1}], "has the unknown key 'SIGN'"),
+        ([{"DOMAIN": "example.com", "SELECTOR": "s1", "KEY": 7}], "has a KEY that is not a PEM"),
+    ],
+)
+def test_a_dkim_setting_of_the_wrong_shape_is_e023(dkim, expected):
+    with override_settings(BUMAIL_QUEUE={"DKIM": dkim}):
+        errors = check_settings(None)
+    assert [e.id for e in errors] == ["bumail_queue.E023"]
+    assert expected in errors[0].msg
+
+
+def test_dkim_unsigned_on_error_must_be_a_boolean_e023():
+    with override_settings(BUMAIL_QUEUE={"DKIM_UNSIGNED_ON_ERROR": "yes"}):
+        errors = check_settings(None)
+    assert [(e.id, "DKIM_UNSIGNED_ON_ERROR" in e.msg) for e in errors] == [("bumail_queue.E023", True)]
+
+
+@pytest.mark.parametrize(
+    ("key_attr", "algorithm", "expected"),
+    [
+        ("rsa768_pem", "rsa-sha256", "has 768 bits; verifiers refuse keys under 1024"),
+        ("ed25519_pem", "rsa-sha256", "is not an RSA key (it is Ed25519)"),
+        ("encrypted_pem", "rsa-sha256", "is not an unencrypted PEM private key"),
+        (None, "rsa-sha256", "cannot be read: No such file or directory"),
+    ],
+)
+def test_a_dkim_key_that_cannot_sign_is_e024_without_the_key_in_the_message(dkim_keys, key_attr, algorithm, expected):
+    from bumail_queue.checks import check_dkim_keys
+
+    key = getattr(dkim_keys, key_attr) if key_attr else "/nonexistent/dkim.pem"
+    signer = {"DOMAIN": "example.com", "SELECTOR": "s1", "KEY": key, "ALGORITHM": algorithm}
+    with override_settings(BUMAIL_QUEUE={"DKIM": [signer]}):
+        assert check_settings(None) == []
+        errors = check_dkim_keys()
+    assert [(type(e), e.id) for e in errors] == [(checks.Error, "bumail_queue.E024")]
+    assert expected in errors[0].msg
+    assert "PRIVATE KEY" not in errors[0].msg + (errors[0].hint or "")
+
+
+def test_an_rsa_key_under_2048_bits_is_w005_and_good_keys_pass(dkim_keys):
+    from bumail_queue.checks import check_dkim_keys
+
+    signers = [
+        {"DOMAIN": "example.com", "SELECTOR": "old", "KEY": dkim_keys.rsa1024_pem},
+        {"DOMAIN": "example.com", "SELECTOR": "new", "KEY": dkim_keys.rsa_pem},
+        {"DOMAIN": "example.com", "SELECTOR": "ed", "KEY": dkim_keys.ed25519_pem, "ALGORITHM": "ed25519-sha256"},
+    ]
+    with override_settings(BUMAIL_QUEUE={"DKIM": signers}):
+        warnings = check_dkim_keys()
+    assert [(type(w), w.id) for w in warnings] == [(checks.Warning, "bumail_queue.W005")]
+    assert "example.com (selector old, rsa-sha256) with an RSA key of 1024 bits" in warnings[0].msg

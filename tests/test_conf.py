@@ -463,3 +463,25 @@ def test_routes_match_a_domain_however_it_is_written(written):
     assert settings.route_for(domain).type == "smarthost"
     assert settings.route_for(domain.upper() + ".").type == "smarthost"
     assert settings.route_for("other.example").type == "mx"
+
+
+def test_dkim_signers_are_loaded_with_their_domain_as_a_labels_and_their_key_never_shown():
+    from bumail_queue.conf import DKIMSigner
+
+    loaded = load(
+        {
+            "DKIM": [
+                {"DOMAIN": "Bücher.Example", "SELECTOR": "S2026", "KEY": "-----BEGIN PRIVATE KEY-----\nsecret"},
+                {"DOMAIN": "example.com", "SELECTOR": "ed", "KEY": "keys/ed.pem", "ALGORITHM": "ed25519-sha256"},
+            ],
+            "DKIM_UNSIGNED_ON_ERROR": True,
+        }
+    )
+
+    assert loaded.dkim == (
+        DKIMSigner(domain="xn--bcher-kva.example", selector="s2026", key="-----BEGIN PRIVATE KEY-----\nsecret"),
+        DKIMSigner(domain="example.com", selector="ed", key="keys/ed.pem", algorithm="ed25519-sha256"),
+    )
+    assert loaded.dkim_unsigned_on_error is True
+    assert "secret" not in repr(loaded)
+    assert load({}).dkim == ()

@@ -65,7 +65,7 @@ from bumail_queue.errors import QueueConfigurationError
 
 from .envelope import Destinations, Host
 
-__all__ = ["MX_HOSTS_PER_ADDRESS", "Destinations", "MXResolver", "destination_refusal"]
+__all__ = ["MX_HOSTS_PER_ADDRESS", "Destinations", "MXResolver", "destination_refusal", "make_resolver"]
 
 logger = logging.getLogger(__name__)
 
@@ -126,21 +126,7 @@ class MXResolver:
             raise ValueError(f"timeout must be above 0 seconds; got {timeout!r}.")
         if address_limit < 1:
             raise ValueError(f"address_limit must be at least 1; got {address_limit!r}.")
-        if nameservers is None:
-            try:
-                resolver = dns.resolver.Resolver(configure=True)
-            except dns.resolver.NoResolverConfiguration as error:
-                raise QueueConfigurationError(
-                    "The system has no DNS resolver configuration to find MX hosts with; "
-                    "set BUMAIL_QUEUE['DNS_NAMESERVERS']."
-                ) from error
-        else:
-            if not nameservers:
-                raise ValueError("nameservers must name at least one (ip, port), or be None for the system's.")
-            resolver = dns.resolver.Resolver(configure=False)
-            resolver.nameservers = [dns.nameserver.Do53Nameserver(ip, ns_port) for ip, ns_port in nameservers]
-        resolver.cache = None
-        self._resolver = resolver
+        self._resolver = make_resolver(nameservers)
         self._port = port
         self._timeout = float(timeout)
         self._rng = rng if rng is not None else random.Random()  # noqa: S311 - an order, not a secret
@@ -341,6 +327,26 @@ def _some_of(items: list[str]) -> str:
     named = items[:_NAMED_IN_REPLY]
     more = len(items) - len(named)
     return ", ".join(named) + (f" and {more} more" if more else "")
+
+
+def make_resolver(nameservers: Sequence[tuple[str, int]] | None) -> dns.resolver.Resolver:
+    """Return a resolver asking ``nameservers`` (``(ip, port)`` pairs) in order, or the
+    system's (``/etc/resolv.conf``) for ``None``; it caches nothing."""
+    if nameservers is None:
+        try:
+            resolver = dns.resolver.Resolver(configure=True)
+        except dns.resolver.NoResolverConfiguration as error:
+            raise QueueConfigurationError(
+                "The system has no DNS resolver configuration to look names up with; "
+                "set BUMAIL_QUEUE['DNS_NAMESERVERS']."
+            ) from error
+    else:
+        if not nameservers:
+            raise ValueError("nameservers must name at least one (ip, port), or be None for the system's.")
+        resolver = dns.resolver.Resolver(configure=False)
+        resolver.nameservers = [dns.nameserver.Do53Nameserver(ip, ns_port) for ip, ns_port in nameservers]
+    resolver.cache = None
+    return resolver
 
 
 def _no_nameservers_reason(error: dns.resolver.NoNameservers) -> str:

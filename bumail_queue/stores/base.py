@@ -16,6 +16,8 @@ Every store runs the same contract suite (``bumail_queue.testing.StoreContract``
 - Nothing returned is shared with what the store keeps.
 - Text kept holds no NUL and no lone surrogate: such input is ``INVALID``, and an id
   holding one is an id no item has.
+- ``retry_deferred`` and ``retry_items`` leave an item a lease holds alone, count no
+  attempt, and never make an item due later than it was.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ from typing import Any, ClassVar
 
 from django.core.checks import CheckMessage
 
-from bumail_queue.conf import QueueSettings
+from bumail_queue.addresses import domain_of, u_labels
+from bumail_queue.conf import QueueSettings, normalise_domain
 from bumail_queue.errors import ErrorCode, QueueError
-from bumail_queue.items import AttemptResult, NewItem, QueueItem
-from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueSummary, summarize
+from bumail_queue.items import AttemptResult, NewItem, QueueItem, RecipientStatus
+from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueSummary, RetryResult, summarize
 from bumail_queue.text import is_keepable, require_keepable
 
 #: How many bytes of each message ``read_message_heads`` returns unless told.
@@ -202,6 +205,44 @@ class QueueStore(abc.ABC):
         """
         return ItemCount(self.count(), exact=True)
 
+    # -- retrying for operators: queue_retry --------------------------------------------
+    # Defaults built on ``list``, ``get`` and ``reschedule``: right for any store, but
+    # the first reads the whole queue and moves items one by one.
+
+    def retry_deferred(self, *, now: datetime, domain: str | None = None) -> int:
+        """Make every item with a deferred recipient due at ``now``; return how many moved.
+
+        Only items not due yet and free of any lease at ``now`` move, as the admin's
+        *Retry now* leaves an item being delivered to its worker; no attempt is
+        counted. With ``domain`` (in ``conf.normalise_domain``'s form), only items with
+        a deferred recipient at that domain, each recipient's domain compared in that
+        form. Idle workers are woken when an item moved.
+        """
+        # Every id first: an item moved while the pages are read would shift them.
+        waiting = [
+            item.id for item in self._scan() if self.is_waiting(item, now) and self.has_deferred_recipient(item, domain)
+        ]
+        return sum(self.reschedule(item_id, at=now) for item_id in waiting)
+
+    def retry_items(self, item_ids: Sequence[str], *, now: datetime) -> RetryResult:
+        """Make the items named due at ``now``, whatever their recipients' state.
+
+        As the admin's *Retry now*: an item a lease holds at ``now`` is left alone
+        (``leased``), an id no item has is ``missing``; ``due`` counts the others,
+        each due now (one due earlier keeps its time). No attempt is counted; idle
+        workers are woken when an item was made due.
+        """
+        due, leased, missing = 0, [], []
+        for item_id in dict.fromkeys(item_ids):
+            item = self.get(item_id)
+            if item is not None and item.is_leased_at(now):
+                leased.append(item_id)
+            elif item is not None and (item.next_attempt_at <= now or self.reschedule(item_id, at=now)):
+                due += 1
+            else:
+                missing.append(item_id)
+        return RetryResult(due=due, leased=tuple(leased), missing=tuple(missing))
+
     def _scan(self, chunk: int = 1000) -> Iterator[QueueItem]:
         offset = 0
         while page := self.list(offset=offset, limit=chunk):
@@ -216,7 +257,7 @@ class QueueStore(abc.ABC):
         """Return the system check messages about this store's set-up."""
         return []
 
-    # Helpers every store uses to hold the text promises the same way.
+    # Helpers every store uses to hold the text promises, and compare domains, the same way.
 
     @staticmethod
     def validate_new(item: NewItem) -> None:
@@ -258,3 +299,36 @@ class QueueStore(abc.ABC):
     def is_known_id(item_id: str) -> bool:
         """Return whether ``item_id`` could be an item's: ids holding a NUL are none."""
         return isinstance(item_id, str) and bool(item_id) and is_keepable(item_id)
+
+    @staticmethod
+    def is_waiting(item: QueueItem, now: datetime) -> bool:
+        """Return whether ``item`` waits for a later attempt at ``now``: not due yet, no lease on it."""
+        return item.next_attempt_at > now and not item.is_leased_at(now)
+
+    @staticmethod
+    def has_deferred_recipient(item: QueueItem, domain: str | None = None) -> bool:
+        """Return whether ``item`` has a deferred recipient, at ``domain`` if one is given.
+
+        ``domain`` is in ``conf.normalise_domain``'s form, and each recipient's domain is
+        compared in it: ``ann@Bücher.example`` is at ``xn--bcher-kva.example``.
+        """
+        return any(
+            recipient.status == RecipientStatus.DEFERRED
+            and (domain is None or normalise_domain(domain_of(recipient.address)) == domain)
+            for recipient in item.recipients
+        )
+
+    @staticmethod
+    def domain_spellings(domain: str) -> tuple[str, ...]:
+        """Return how a recipient's domain is written, lowercase, when it is ``domain`` (in
+        ``conf.normalise_domain``'s form): as it is, and in U-labels for an IDN.
+
+        For a store that matches the domain in its own query, lowercasing ASCII only. It
+        must still compare every other non-ASCII domain with ``normalise_domain``:
+        ``BÜCHER.example``, or a mix of A-labels and U-labels, is the same domain too.
+        """
+        try:
+            unicode = u_labels(domain)
+        except UnicodeError:
+            return (domain,)
+        return tuple(dict.fromkeys((domain, unicode)))

@@ -178,6 +178,16 @@ class MemoryStore(QueueStore):
             entry.item = dataclasses.replace(entry.item, next_attempt_at=at, lease_owner=None, lease_expires_at=None)
             return True
 
+    def retry_deferred(self, *, now: datetime, domain: str | None = None) -> int:
+        """One pass under the lock; ``retry_items`` is the default's, a get and a move each."""
+        with self._lock:
+            moved = 0
+            for entry in self._entries.values():
+                if self.is_waiting(entry.item, now) and self.has_deferred_recipient(entry.item, domain):
+                    entry.item = dataclasses.replace(entry.item, next_attempt_at=now)
+                    moved += 1
+            return moved
+
     def cancel(self, item_id: str) -> QueueItem | None:
         with self._lock:
             entry = self._drop(item_id) if self.is_known_id(item_id) else None

@@ -47,7 +47,8 @@ class ORMTables(Protocol):
     def select_messages(self, item_ids: Iterable[str], *, head: int | None = None) -> dict[str, bytes]: ...
 
 
-def _escape_like(text: str) -> str:
+def escape_like(text: str) -> str:
+    """Return ``text`` as a ``LIKE`` pattern that matches it literally (``ESCAPE '\\'``)."""
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
@@ -65,7 +66,7 @@ def _state_filter(state: ItemState, now: datetime) -> Q:
 def _headers_match(store: ORMTables, text: str) -> RawSQL:
     """The ids of items whose message's header block contains ``text`` (ASCII case aside)."""
     q, messages = store.quote, store.quote(store.messages_table)
-    pattern = f"%{_escape_like(text)}%"
+    pattern = f"%{escape_like(text)}%"
     if store.connection.vendor == "postgresql":
         # The header block ends at the first empty line; LEAST skips the NULLs of a
         # separator not found. 'escape' turns the bytes into text for ILIKE.

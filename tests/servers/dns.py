@@ -30,7 +30,8 @@ The server object has:
 A zone maps names (any case, final dot or not, IDNs as A-labels) to either
 
 - a dict of record type to records: ``"MX"`` a list of ``(preference, exchange)``
-  (``(0, ".")`` is a null MX), ``"A"`` and ``"AAAA"`` lists of addresses; or, in
+  (``(0, ".")`` is a null MX), ``"A"`` and ``"AAAA"`` lists of addresses, ``"TXT"`` a
+  list of texts (each one record, split into strings of 255 octets); or, in
   place of the list, one of the answers below for that type alone; a type the
   dict lacks is answered with no record (NOERROR, NODATA);
 - one of these answers to every question about the name: ``"SERVFAIL"``,
@@ -51,7 +52,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
-from dnslib import AAAA, MX, QTYPE, RCODE, RR, A, DNSError, DNSLabel, DNSRecord
+from dnslib import AAAA, MX, QTYPE, RCODE, RR, TXT, A, DNSError, DNSLabel, DNSRecord
 from dnslib.server import DNSHandler, DNSLogger, DNSServer
 
 ADDRESS = "127.0.0.1"
@@ -123,6 +124,9 @@ def _rdata(qtype: str, record: Any) -> Any:
         return A(record)
     if qtype == "AAAA":  # through ipaddress: dnslib cannot parse "::ffff:192.0.2.1"
         return AAAA(tuple(ipaddress.IPv6Address(record).packed))
+    if qtype == "TXT":  # a long text as strings of 255 octets at most, as RFC 1035 §3.3.14 has them
+        data = record.encode()
+        return TXT([data[i : i + 255] for i in range(0, len(data), 255)] or [b""])
     raise ValueError(f"the test DNS server does not serve {qtype} records")
 
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from bumail_queue.conf import get_settings
+from bumail_queue.stores.base import QueueStore
+from bumail_queue.stores.memory import MemoryStore
 from bumail_queue.testing import StoreContract
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -11,3 +14,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 class TestStoreContract(StoreContract):
     """Runs the contract against the parametrised ``store`` fixture of conftest.py."""
+
+
+class MemoryStoreOnTheDefaults(MemoryStore):
+    """The memory store with the base class's own ``retry_deferred``: what a store of
+    your own that does not override it gets."""
+
+    retry_deferred = QueueStore.retry_deferred
+
+
+class TestTheDefaultsKeepTheContract(StoreContract):
+    @pytest.fixture
+    def store(self) -> QueueStore:
+        return MemoryStoreOnTheDefaults(get_settings())

@@ -167,3 +167,28 @@ def test_a_row_another_worker_leases_is_skipped_until_its_lease_expires(orm_stor
     after_expiry = leased.lease_expires_at + timedelta(seconds=1)
     again = orm_store.claim(owner="w1", now=after_expiry, lease_until=after_expiry + timedelta(minutes=1), limit=10)
     assert str(leased.id) in [i.id for i in again]
+
+
+def test_retry_deferred_is_one_update_and_at_a_domain_one_select_more(orm_store, django_assert_num_queries):
+    now = timezone.now()
+    orm_store.retry_deferred(now=now)  # connects, reads the default isolation level once
+    for _ in range(3):
+        ItemFactory(deferred=True, created_at=now)
+    with django_assert_num_queries(1):
+        assert orm_store.retry_deferred(now=now) == 3
+    ItemFactory(deferred=True, created_at=now)
+    # The SELECT is of the items at non-ASCII domains the UPDATE could not compare.
+    with django_assert_num_queries(2):
+        assert orm_store.retry_deferred(now=now, domain="example.org") == 1
+
+
+def test_retry_items_is_one_update_and_a_select_when_some_are_left(orm_store, django_assert_num_queries):
+    now = timezone.now()
+    free = [str(ItemFactory(deferred=True, created_at=now).id) for _ in range(3)]
+    leased = str(ItemFactory(leased=True, created_at=now).id)
+    orm_store.retry_items(free[:1], now=now)  # connects, reads the default isolation level once
+    with django_assert_num_queries(1):
+        assert orm_store.retry_items(free, now=now).due == 3
+    with django_assert_num_queries(2):
+        done = orm_store.retry_items([*free, leased, "00000000-0000-4000-8000-000000000000"], now=now)
+    assert (done.due, done.leased, done.missing) == (3, (leased,), ("00000000-0000-4000-8000-000000000000",))

@@ -26,7 +26,7 @@ from bumail_queue.conf import get_settings
 from bumail_queue.errors import QueueConfigurationError, QueueError
 from bumail_queue.items import RecipientStatus
 from bumail_queue.stores.redis import RedisStore
-from bumail_queue.testing import LEASE, OK, T0, claim_one, result
+from bumail_queue.testing import LEASE, OK, T0, claim_one, result, tried_once
 from bumail_queue.testing import new_item as new
 from tests.conftest import REDIS_ALIAS
 from tests.helpers import use_queue_backend
@@ -635,3 +635,18 @@ def test_message_heads_are_read_in_one_round_trip(redis_store, redis_prefix, red
     redis_client.delete(f"{redis_prefix}message:{lost.id}")
     heads = redis_store.read_message_heads([first.id, second.id, lost.id, "not-an-id"], size=12)
     assert heads == {first.id: b"Subject: one", second.id: redis_store.read_message(second.id)[:12]}
+
+
+def test_a_retry_reads_the_waiting_items_a_page_at_a_time(redis_store, monkeypatch):
+    # Pages of 3 over items all due at one time: each page goes on past the items of
+    # its last score that it kept, and none is passed over or moved twice.
+    monkeypatch.setattr("bumail_queue.stores.redis.store.RETRY_PAGE", 3)
+    slow = [tried_once(redis_store, [f"s{n}@slow.example"]).id for n in range(5)]
+    fast = [tried_once(redis_store, [f"f{n}@fast.example"]).id for n in range(5)]
+    leased = tried_once(redis_store, ["l@slow.example"], until=T0 + timedelta(minutes=20))
+    claim_one(redis_store, "w2", now=leased.next_attempt_at)  # its lease ends as the others fall due: one score
+    now = T0 + timedelta(minutes=1)
+    assert redis_store.retry_deferred(now=now, domain="slow.example") == 5
+    assert redis_store.retry_deferred(now=now) == 5
+    assert {item.id for item in redis_store.list() if item.next_attempt_at == now} == {*slow, *fast}
+    assert redis_store.get(leased.id).lease_owner == "w2"

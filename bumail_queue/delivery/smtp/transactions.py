@@ -9,6 +9,7 @@ import re
 import smtplib
 
 from bumail_queue.addresses import envelope_form, needs_smtputf8
+from bumail_queue.delivery.dkim import DKIMError, Signatures
 from bumail_queue.delivery.envelope import Envelope, Host
 from bumail_queue.delivery.transfer_encoding import UnconvertibleError, needs_conversion, seven_bit_safe
 from bumail_queue.items import Outcome, RecipientStatus, Reply
@@ -70,6 +71,15 @@ class _Message:
         text = _unstuffed(self.data)
         return _Message.of(seven_bit_safe(text, eight_bit=eight_bit, utf8_headers=utf8_headers))
 
+    def signed(self, signatures: Signatures) -> _Message:
+        """Return the message with the DKIM signatures of its ``From`` domain; itself when none signs.
+
+        Raises ``DKIMError`` when a signer that should sign cannot.
+        """
+        text = _unstuffed(self.data)
+        signed = signatures.sign(text)
+        return self if signed is text else _Message.of(signed)
+
 
 def _crlf(message: bytes) -> bytes:
     """Return ``message`` with every line ending in CRLF, the last one included."""
@@ -93,6 +103,10 @@ def _utf8_headers(message: bytes) -> bool:
     """
     end = _HEADER_END.search(message)
     return not message[: end.start() if end else len(message)].isascii()
+
+
+def _failed(reply: Reply) -> Outcome:
+    return Outcome(status=RecipientStatus.FAILED, reply=reply)
 
 
 def _size_refusal(session: _Session, message: _Message) -> Reply | None:
@@ -152,8 +166,9 @@ def _xtext(text: str) -> str:
 class _Transactions:
     """Runs the transactions of an envelope on an open session, each step armed by ``steps``."""
 
-    def __init__(self, steps: _Steps) -> None:
+    def __init__(self, steps: _Steps, signatures: Signatures | None = None) -> None:
         self._steps = steps
+        self._signatures = signatures if signatures else None
 
     def run(
         self,
@@ -170,9 +185,9 @@ class _Transactions:
         if not utf8:
             self._refuse_utf8(session.host, envelope, message, pending, outcomes)
         todo = [r for r in pending if r not in outcomes]
-        message, refusal = self._fit(session, message, utf8=utf8)
+        message, refusal = self._fit(session, envelope.item_id, message, utf8=utf8)
         if refusal is not None:
-            outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=refusal)) for r in todo)
+            outcomes.update((r, refusal) for r in todo)
             todo = []
         options = []
         if conn.has_extn("size"):
@@ -220,24 +235,38 @@ class _Transactions:
                 return
             todo = self._recipients(session, envelope, message, todo, outcomes, deadline, args)
 
-    @staticmethod
-    def _fit(session: _Session, message: _Message, *, utf8: bool) -> tuple[_Message, Reply | None]:
-        """Return the message as ``session``'s server is to get it, or why it cannot.
+    def _fit(
+        self, session: _Session, item_id: str, message: _Message, *, utf8: bool
+    ) -> tuple[_Message, Outcome | None]:
+        """Return the message as ``session``'s server is to get it, signed, or why it cannot go.
 
         The size is checked before any re-encoding as well as after: a message too
-        large as it is stored is refused without the cost of converting it.
+        large as it is stored is refused without the cost of converting it. The DKIM
+        signatures go on last, over the octets that are sent.
         """
         conn = session.conn
         eight_bit = conn.has_extn("8bitmime")
         refusal = _size_refusal(session, message)
         if refusal is not None:
-            return message, refusal
+            return message, _failed(refusal)
         try:
             fitted = message.for_server(eight_bit=eight_bit, utf8_headers=utf8)
         except UnconvertibleError as error:
             why = " (it does not offer 8BITMIME)" if message.eight_bit and not eight_bit else ""
-            return message, _own("5.6.3", f"The message cannot be re-encoded for {session.host}{why}: {error}.")
-        return fitted, None if fitted is message else _size_refusal(session, fitted)
+            return message, _failed(
+                _own("5.6.3", f"The message cannot be re-encoded for {session.host}{why}: {error}.")
+            )
+        if self._signatures is not None:
+            try:
+                fitted = fitted.signed(self._signatures)
+            except DKIMError as error:
+                if not self._signatures.unsigned_on_error:
+                    logger.error("%s: DKIM signing failed, the message waits: %s", item_id, error)
+                    reply = _own("4.3.5", f"DKIM signing failed: {error}. The message waits; it is not sent unsigned.")
+                    return message, Outcome(status=RecipientStatus.DEFERRED, reply=reply)
+                logger.warning("%s: DKIM signing failed, sent unsigned (DKIM_UNSIGNED_ON_ERROR): %s", item_id, error)
+        refusal = None if fitted is message else _size_refusal(session, fitted)
+        return fitted, None if refusal is None else _failed(refusal)
 
     @staticmethod
     def _refuse_utf8(

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from bumail_queue.addresses import mailbox_problem
 from bumail_queue.conf import Route, Timeouts
+from bumail_queue.delivery.dkim import Signatures
 from bumail_queue.delivery.envelope import Delivery, Envelope, Host
 from bumail_queue.items import Outcome, RecipientStatus
 
@@ -46,7 +47,8 @@ class SMTPTransport:
     ``mx_session_limit`` is how many MX hosts that greeted and failed temporarily are
     tried per envelope (Postfix's ``smtp_mx_session_limit``);
     ``unreachable_memory_seconds`` is how long a host that did not answer is not
-    connected to again (RFC 5321 §4.5.4.1; 0: it is tried every time).
+    connected to again (RFC 5321 §4.5.4.1; 0: it is tried every time);
+    ``dkim`` signs each message as it goes on the wire (``None``: no signing).
     ``ssl_context`` verifies smarthost certificates (``ssl.create_default_context()``
     when ``None``); ``clock`` gives the time in seconds, for the session's deadline,
     the connections' idle time and how long a host is remembered.
@@ -60,6 +62,7 @@ class SMTPTransport:
         reuse_seconds: float,
         mx_session_limit: int = 2,
         unreachable_memory_seconds: float = 300.0,
+        dkim: Signatures | None = None,
         ssl_context: ssl.SSLContext | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -70,7 +73,7 @@ class SMTPTransport:
         self._steps = _Steps(timeouts, clock)
         self._pool = _Pool(reuse_seconds=reuse_seconds, steps=self._steps, clock=clock)
         self._opener = _Opener(hostname=hostname, steps=self._steps, contexts=_Contexts(ssl_context), clock=clock)
-        self._transactions = _Transactions(self._steps)
+        self._transactions = _Transactions(self._steps, dkim)
         self._unreachable = _UnreachableHosts(seconds=unreachable_memory_seconds, clock=clock)
 
     def __repr__(self) -> str:

@@ -9,8 +9,8 @@ FLUSH``), by its text (``EVAL``), which also caches it again. ``EVAL`` rather th
 Each script starts with a ``#!lua`` line (Redis 7's script flags). While Redis is
 out of memory under ``maxmemory`` (``noeviction``), it refuses the add script whole,
 before its first step, so an add is never half written. The scripts that claim,
-renew, record, move and drop say ``allow-oom``: they add next to nothing, and a full
-Redis must still let workers deliver its mail, which is what frees its memory.
+renew, record, move, retry and drop say ``allow-oom``: they add next to nothing, and
+a full Redis must still let workers deliver its mail, which is what frees its memory.
 """
 
 from __future__ import annotations
@@ -59,5 +59,6 @@ CLAIM = Script.load("claim")
 RENEW = Script.load("renew")
 COMPLETE = Script.load("complete")
 RESCHEDULE = Script.load("reschedule")
+RETRY = Script.load("retry")
 CANCEL = Script.load("cancel")
 LIST = Script.load("list")

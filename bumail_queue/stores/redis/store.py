@@ -56,6 +56,7 @@ from bumail_queue.errors import (
     first_line,
 )
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
+from bumail_queue.queries import RetryResult
 from bumail_queue.stores.base import COMPLETE_TRIES, MESSAGE_HEAD_BYTES, QueueStore, WorkListener
 
 from . import scripts
@@ -75,6 +76,10 @@ from .listener import RedisListener
 #: The ``volatile-*`` policies are not among them: they evict only keys with a time to
 #: live, and the store never gives its keys one.
 EVICTING_POLICIES = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random"})
+
+# How many items a script of a retry reads: Redis runs nothing else meanwhile, so a
+# long queue is retried a page at a time, each about a millisecond.
+RETRY_PAGE = 1000
 
 # The system check connects while manage.py waits: it must not hang on a Redis that
 # drops packets, whatever timeouts CACHES gives the store's own connections.
@@ -466,6 +471,61 @@ class RedisStore(QueueStore):
             self.keys.wake,
         ]
         return bool(self._run(scripts.RESCHEDULE, "reschedule the item", keys, args) == 1)
+
+    # -- retrying for operators: queue_retry ------------------------------------------
+
+    def retry_deferred(self, *, now: datetime, domain: str | None = None) -> int:
+        """The items not due yet a page at a time, each page one script that moves those
+        that match, so that Redis serves the workers between pages. The items at a
+        non-ASCII domain the script cannot compare are read once the pages are done,
+        in one round trip, compared here and moved by id."""
+        spellings = () if domain is None else self.domain_spellings(domain)
+        moved, unsure = 0, set[str]()
+        # The first page starts after now ("(" excludes it); each next one where the last ended.
+        after: str | bytes = f"({micros(now)}"
+        skip = 0
+        while True:
+            args = [self.keys.prefix, micros(now), self.keys.wake, "waiting", after, skip, RETRY_PAGE, *spellings]
+            done, after, skip, page_moved, page_unsure = self._run(
+                scripts.RETRY, "retry the deferred items", self._retry_keys, args
+            )
+            moved += int(page_moved)
+            unsure.update(item_id.decode() for item_id in page_unsure)
+            if done:
+                break
+        if domain is not None and unsure:
+            others = [item.id for item in self._read_items(sorted(unsure)) if self.has_deferred_recipient(item, domain)]
+            moved += self.retry_items(others, now=now).due
+        return moved
+
+    def retry_items(self, item_ids: Sequence[str], *, now: datetime) -> RetryResult:
+        """One script for all of them: a status per id."""
+        owns = {item_id: own for item_id in dict.fromkeys(item_ids) if (own := own_id(item_id)) is not None}
+        unique = list(dict.fromkeys(owns.values()))  # one per item, however its id is spelled
+        args = [self.keys.prefix, micros(now), self.keys.wake, "ids", *unique]
+        replies = self._run(scripts.RETRY, "retry the items", self._retry_keys, args) if unique else []
+        status = dict(zip(unique, map(int, replies), strict=True))
+        return RetryResult(
+            due=sum(1 for value in status.values() if value == 1),
+            leased=tuple(item_id for item_id, own in owns.items() if status[own] == 0),
+            missing=tuple(
+                item_id for item_id in dict.fromkeys(item_ids) if item_id not in owns or status[owns[item_id]] == -1
+            ),
+        )
+
+    @property
+    def _retry_keys(self) -> builtins.list[str]:
+        return [self.keys.items, self.keys.ready]
+
+    def _read_items(self, item_ids: Sequence[str]) -> builtins.list[QueueItem]:
+        """The items of ``item_ids`` still in the queue, read in one round trip."""
+        client = self._redis()
+        with self._translated_errors("read the items"):
+            pipe = client.pipeline(transaction=False)
+            for item_id in item_ids:
+                pipe.hgetall(self.keys.item(item_id))
+            found = [hash_fields(fields) for fields in pipe.execute()]
+        return [item_from_fields(fields) for fields in found if fields]
 
     def cancel(self, item_id: str) -> QueueItem | None:
         own = own_id(item_id)
