@@ -112,7 +112,7 @@ class ItemRow:
 
     @property
     def age_text(self) -> str:
-        return timesince(self.item.created_at, self.item.created_at + self.age, depth=1)
+        return age_text(self.item.created_at, self.item.created_at + self.age)
 
     @property
     def due_text(self) -> str:
@@ -359,7 +359,7 @@ class ItemAdmin(_ItemAdminBase):
         rows = self._rows(items, now)
         context = self._context(
             request,
-            _("Cancel these items?"),
+            ngettext("Cancel this item?", "Cancel these %(count)d items?", len(items)) % {"count": len(items)},
             rows=rows,
             gone=len(ids) - len(items),
             delivering=sum(row.state == ItemState.DELIVERING for row in rows),
@@ -391,6 +391,7 @@ class ItemAdmin(_ItemAdminBase):
             shown.subject if shown is not None and shown.subject else _("Queued item %s") % item_id,
             item=item,
             item_id=item_id,
+            queued_ago=None if item is None else age_text(item.created_at, now),
             state=None if item is None else state_of(item, now),
             now=now,
             recipients=[] if item is None else _recipient_rows(item.recipients, hosts),
@@ -477,10 +478,16 @@ def overview_context(summary: QueueSummary, list_url: str, *, top: int = 20) -> 
         "bucket_totals": summary.bucket_totals,
         "shape_rows": rows,
         "shape_left_out": len(summary.shape) - len(shape),
-        "oldest_age": None
-        if summary.oldest_created_at is None
-        else timesince(summary.oldest_created_at, summary.now, depth=1),
+        "oldest_age": None if summary.oldest_created_at is None else age_text(summary.oldest_created_at, summary.now),
     }
+
+
+def age_text(since: datetime, now: datetime) -> str:
+    """Say how long ago ``since`` was, in its largest unit: never "0 minutes", which
+    ``timesince`` writes for anything under a minute."""
+    if now - since < timedelta(minutes=1):
+        return _("under a minute")
+    return timesince(since, now, depth=1)
 
 
 # -- the delivery log ---------------------------------------------------------------------

@@ -146,3 +146,30 @@ def check_dkim_keys(app_configs: Sequence[AppConfig] | None = None, **kwargs: An
                 )
             )
     return found
+
+
+@checks.register("bumail_queue")
+def check_development_mail_goes_out(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Warn when ``DEBUG`` is on and a route delivers straight to recipients' MX hosts:
+    a development machine running the worker would mail the real internet."""
+    if not django_settings.DEBUG or validate(getattr(django_settings, SETTING_NAME, {})):
+        return []
+    settings = get_settings()
+    direct = ["BUMAIL_QUEUE['ROUTE']"] if settings.route.type == "mx" else []
+    direct += [f"BUMAIL_QUEUE['ROUTES'][{domain!r}]" for domain, route in settings.routes.items() if route.type == "mx"]
+    if not direct:
+        return []
+    return [
+        checks.Warning(
+            f"DEBUG is True and {', '.join(direct)} delivers straight to the recipients' MX hosts: "
+            "a queue_worker on this machine sends real mail to real people.",
+            hint="For development, send everything to a local SMTP sink instead: BUMAIL_QUEUE = {'ROUTE': "
+            "{'TYPE': 'smarthost', 'HOST': '127.0.0.1', 'PORT': 1025, 'TLS': 'none'}} with "
+            "'python -m aiosmtpd -n -l 127.0.0.1:1025' running (docs/installation.md, 'Local development'). "
+            "If this machine is meant to send, add 'bumail_queue.W006' to SILENCED_SYSTEM_CHECKS.",
+            obj=SETTING_NAME,
+            id="bumail_queue.W006",
+        )
+    ]

@@ -318,7 +318,13 @@ class _Validator:
 
     def _smarthost(self, value: Mapping[str, Any], where: str) -> None:
         host = value.get("HOST")
-        if not isinstance(host, str) or not host or not (_HOSTNAME.fullmatch(host) or _is_ip(host)):
+        if "HOST" not in value:
+            self.add(
+                "bumail_queue.E007",
+                where,
+                f"{where} needs a 'HOST': a smarthost route sends all its mail to that host name or IP address.",
+            )
+        elif not isinstance(host, str) or not host or not (_HOSTNAME.fullmatch(host) or _is_ip(host)):
             self.add("bumail_queue.E007", where, f"{where}['HOST'] must be a host name or IP address; got {host!r}.")
         port = value.get("PORT", 587)
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:

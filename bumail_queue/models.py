@@ -138,7 +138,8 @@ class DeliveryLog(models.Model):
     class Meta:
         db_table = "bumail_queue_delivery_log"
         verbose_name = _("delivery log entry")
-        verbose_name_plural = _("delivery log")
+        # "8 delivery log entries" under the list, and in the admin's navigation.
+        verbose_name_plural = _("delivery log entries")
         ordering = ("-logged_at", "-id")
         indexes = (
             # The newest first (the admin's list), and the purge by age.

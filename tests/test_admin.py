@@ -515,3 +515,26 @@ def test_the_log_and_the_item_history_say_whether_tls_was_used(superuser_client,
     assert "mx.tls.example TLS" in page and "mx.pla.example no TLS" in page
     history = words_of(superuser_client.get(item_url(item.id)))
     assert "mx.tls.example TLS" in history and "mx.pla.example no TLS" in history
+
+
+# -- wording ------------------------------------------------------------------------------
+
+
+def test_the_delivery_log_footer_counts_entries(superuser_client, store_name):
+    deferred_item()
+    page = text_of(superuser_client.get(LOG))
+    assert "1 delivery log entry" in page
+    assert "Delivery log entries" in text_of(superuser_client.get(reverse("admin:index")))
+
+
+def test_the_cancel_page_of_one_item_speaks_of_one(superuser_client, store_name):
+    item = queue.enqueue(newsletter(to="erin@example.org", subject="Cancel me"))
+    page = text_of(superuser_client.post(LIST, {"action": "cancel", "_selected_action": [item.id]}))
+    assert "Cancel this item?" in page
+    assert "these" not in page
+
+
+def test_an_item_queued_seconds_ago_is_under_a_minute_old(superuser_client, store_name):
+    item = queue.enqueue(newsletter(to="erin@example.org"))
+    assert "(under a minute ago)" in text_of(superuser_client.get(item_url(item.id)))
+    assert "0 minutes" not in text_of(superuser_client.get(LIST))

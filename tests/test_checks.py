@@ -406,3 +406,24 @@ def test_an_rsa_key_under_2048_bits_is_w005_and_good_keys_pass(dkim_keys):
         warnings = check_dkim_keys()
     assert [(type(w), w.id) for w in warnings] == [(checks.Warning, "bumail_queue.W005")]
     assert "example.com (selector old, rsa-sha256) with an RSA key of 1024 bits" in warnings[0].msg
+
+
+# -- development safety ---------------------------------------------------------------------
+
+
+def test_debug_with_mail_going_straight_to_mx_hosts_is_w006():
+    from bumail_queue.checks import check_development_mail_goes_out
+
+    sink = {"TYPE": "smarthost", "HOST": "127.0.0.1", "PORT": 1025, "TLS": "none"}
+    with override_settings(DEBUG=True, BUMAIL_QUEUE={}):
+        (warning,) = check_development_mail_goes_out()
+    assert warning.id == "bumail_queue.W006"
+    assert "DEBUG is True and BUMAIL_QUEUE['ROUTE'] delivers straight to the recipients' MX hosts" in warning.msg
+    assert "'TLS': 'none'" in warning.hint
+    with override_settings(DEBUG=True, BUMAIL_QUEUE={"ROUTE": sink, "ROUTES": {"partner.example": {"TYPE": "mx"}}}):
+        (warning,) = check_development_mail_goes_out()
+    assert "BUMAIL_QUEUE['ROUTES']['partner.example'] delivers straight" in warning.msg
+    with override_settings(DEBUG=True, BUMAIL_QUEUE={"ROUTE": sink}):
+        assert check_development_mail_goes_out() == []
+    with override_settings(DEBUG=False, BUMAIL_QUEUE={}):
+        assert check_development_mail_goes_out() == []

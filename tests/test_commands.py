@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 from datetime import timedelta
 from io import StringIO
 
@@ -125,3 +126,13 @@ def test_queue_worker_on_the_command_line_spares_the_collector_its_start_up_obje
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def test_queue_worker_says_at_start_where_mail_goes_routes_included(caplog):
+    routes = {f"d{n}.example": {"TYPE": "smarthost", "HOST": "relay.example.net", "TLS": "none"} for n in range(4)}
+    settings = {"ROUTE": {"TYPE": "mx"}, "ROUTES": routes, "HOSTNAME": "mta.example.com"}
+    with override_settings(BUMAIL_QUEUE=settings), caplog.at_level(logging.INFO, logger="bumail_queue"):
+        call_command("queue_worker", "--burst", stdout=StringIO())
+
+    (start,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("starting ")]
+    assert " route=mx routes=4 (d0.example, d1.example, d2.example, ...) " in start

@@ -127,6 +127,7 @@ class MXResolver:
         if address_limit < 1:
             raise ValueError(f"address_limit must be at least 1; got {address_limit!r}.")
         self._resolver = make_resolver(nameservers)
+        self._asked = _nameservers_of(self._resolver, system=nameservers is None)
         self._port = port
         self._timeout = float(timeout)
         self._rng = rng if rng is not None else random.Random()  # noqa: S311 - an order, not a secret
@@ -294,11 +295,11 @@ class MXResolver:
         except dns.resolver.NoAnswer:
             return _Miss()
         except dns.exception.Timeout:
-            return _Miss(temporary=f"no answer within {self._timeout:g} seconds")
+            return _Miss(temporary=f"no answer within {self._timeout:g} seconds from {self._asked}")
         except dns.resolver.NoNameservers as error:
-            return _Miss(temporary=_no_nameservers_reason(error))
+            return _Miss(temporary=f"{_no_nameservers_reason(error)} ({self._asked})")
         except dns.exception.DNSException as error:
-            return _Miss(temporary=f"the lookup failed ({type(error).__name__})")
+            return _Miss(temporary=f"the lookup failed ({type(error).__name__}, {self._asked})")
 
 
 def _numeric_exchange(exchange: dns.name.Name) -> IPAddress | None:
@@ -347,6 +348,16 @@ def make_resolver(nameservers: Sequence[tuple[str, int]] | None) -> dns.resolver
         resolver.nameservers = [dns.nameserver.Do53Nameserver(ip, ns_port) for ip, ns_port in nameservers]
     resolver.cache = None
     return resolver
+
+
+def _nameservers_of(resolver: dns.resolver.Resolver, *, system: bool) -> str:
+    """Name the nameservers a resolver asks, for the texts of failed lookups."""
+    asked = [
+        f"{ns.address}:{ns.port}" if isinstance(ns, dns.nameserver.Do53Nameserver) else f"{ns}:{resolver.port}"
+        for ns in resolver.nameservers
+    ]
+    where = ", ".join(asked) or "none"
+    return f"the system's nameservers, {where}" if system else f"DNS_NAMESERVERS {where}"
 
 
 def _no_nameservers_reason(error: dns.resolver.NoNameservers) -> str:

@@ -583,3 +583,20 @@ def test_the_server_answers_over_tcp_too(dns_server: LoopbackDNSServer) -> None:
     )
     assert [r.address for r in response.answer[0]] == ["127.0.0.1"]
     assert dns_server.setting == f"127.0.0.1:{dns_server.port}"
+
+
+@pytest.mark.parametrize("answer", ["TIMEOUT", "SERVFAIL"])
+def test_a_failed_lookup_names_the_nameservers_it_asked(dns_server: LoopbackDNSServer, answer: str) -> None:
+    dns_server.zone = DNSZone({"example.test": answer})
+    result = resolver_for(dns_server, timeout=0.4).destinations("example.test")
+    assert_failure(result, RecipientStatus.DEFERRED, "4.4.3", f"DNS_NAMESERVERS 127.0.0.1:{dns_server.port}")
+
+
+def test_the_systems_nameservers_are_named_as_such() -> None:
+    import dns.resolver
+
+    from bumail_queue.delivery.dns import _nameservers_of
+
+    resolver = dns.resolver.Resolver(configure=False)
+    resolver.nameservers = ["192.0.2.53"]
+    assert _nameservers_of(resolver, system=True) == "the system's nameservers, 192.0.2.53:53"

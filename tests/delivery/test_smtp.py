@@ -871,3 +871,14 @@ def test_reply_from_reads_the_enhanced_status_code():
     garbled = reply_from(550, b"caf\xe9 \xff\xfe\x00 end")
     assert garbled.text == "caf\ufffd \ufffd\ufffd end"
     assert reply_from(550, b"x" * 2000).text == "x" * MAX_REPLY_TEXT
+
+
+def test_a_tls_deferral_says_which_setting_would_change_it(
+    smtp_servers: Servers, smtp_tls: TestTLS, transport: SMTPTransport
+):
+    plain = smtp_servers()
+    to_sink = transport.deliver(envelope(), route=smarthost(plain), hosts=[Host(name="127.0.0.1", port=plain.port)])
+    direct = transport.deliver(envelope(), route=Route(type="mx", tls_required=True), hosts=[mx(plain)])
+
+    assert "a local server without TLS (a development sink) 'TLS': 'none'" in only_reply(to_sink)[3]
+    assert "The route says 'TLS_REQUIRED': True" in only_reply(direct)[3]

@@ -73,7 +73,7 @@ class _Opener:
             self._hello(conn, host, item_id, deadline)
             tls_wanted = policy.tls in (_TLS.STARTTLS, _TLS.OPPORTUNISTIC) and starttls
             context = self._contexts.get(verify=policy.verify) if tls_wanted else None
-            if context is not None and not self._starttls(conn, host, policy, context, item_id, deadline):
+            if context is not None and not self._starttls(conn, host, route, policy, context, item_id, deadline):
                 conn.close()  # an opportunistic handshake failed: again, without STARTTLS
                 return self.open(host, key, route, item_id, deadline, starttls=False)
             if policy.username is not None:
@@ -119,14 +119,22 @@ class _Opener:
             raise _StepError.of_reply(code, raw, when="to HELO")
 
     def _starttls(
-        self, conn: _Connection, host: Host, policy: _Policy, context: ssl.SSLContext, item_id: str, deadline: float
+        self,
+        conn: _Connection,
+        host: Host,
+        route: Route,
+        policy: _Policy,
+        context: ssl.SSLContext,
+        item_id: str,
+        deadline: float,
     ) -> bool:
         """Upgrade to TLS when offered or required; return ``False`` when an opportunistic handshake failed."""
         required = policy.tls is _TLS.STARTTLS
         if not conn.has_extn("starttls"):
             if required:
                 self._steps.quit(conn)
-                raise _StepError(_own("4.7.0", f"TLS is required but {host} does not offer STARTTLS"), answered=True)
+                text = f"TLS is required but {host} does not offer STARTTLS. {_tls_setting(route)}"
+                raise _StepError(_own("4.7.0", text), answered=True)
             return True
         self._steps.arm(conn, "greeting", deadline, "waiting for the reply to STARTTLS")
         try:
@@ -148,7 +156,7 @@ class _Opener:
             if required:
                 self._steps.quit(conn)
                 refused = reply_from(code, raw)
-                text = f"TLS is required but {host} refused STARTTLS: {code} {refused.text}"
+                text = f"TLS is required but {host} refused STARTTLS: {code} {refused.text}. {_tls_setting(route)}"
                 raise _StepError(_own("4.7.0", text), answered=True)
             return True  # opportunistic: go on in plain text
         self._steps.arm(conn, "greeting", deadline, "waiting for the reply to EHLO")
@@ -189,3 +197,14 @@ class _Opener:
         finally:
             conn.user = conn.password = ""  # smtplib keeps them on the object otherwise
         logger.debug("%s %s: AUTH -> %s", item_id, host, code)
+
+
+def _tls_setting(route: Route) -> str:
+    """Say which setting asks for the TLS a server did not give, and what would change it."""
+    if route.type == "smarthost":
+        # The default "starttls" against a plain server (a local sink) is the usual mistake.
+        return (
+            "The route says 'TLS': 'starttls' (the default); a server that speaks TLS from the first "
+            "byte needs 'TLS': 'implicit', and a local server without TLS (a development sink) 'TLS': 'none'."
+        )
+    return "The route says 'TLS_REQUIRED': True; without it, mail goes in plain text where STARTTLS is not offered."

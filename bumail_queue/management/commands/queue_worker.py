@@ -134,8 +134,16 @@ def require_store(store: QueueStore, *, burst: bool) -> None:
 
 
 def _describe_route(settings: Any) -> str:
+    """Say where mail goes: ``ROUTE``, and how many domains ``ROUTES`` sends elsewhere."""
+    described = _describe(settings.route)
+    if settings.routes:
+        described += f" routes={len(settings.routes)} ({', '.join(sorted(settings.routes)[:3])}"
+        described += ", ...)" if len(settings.routes) > 3 else ")"
+    return described
+
+
+def _describe(route: Any) -> str:
     # Never the password: the host, the port and whether AUTH is used.
-    route = settings.route
     if route.type == "mx":
         return "mx"
     auth = " auth" if route.username else ""
