@@ -11,7 +11,12 @@ From a fresh clone, with only Python (3.11+) and pip, it:
 5. starts ``manage.py runserver`` on 127.0.0.1 and prints the pages to open;
 6. starts ``manage.py queue_worker`` too, once the project has one.
 
-Ctrl-C (or SIGTERM) stops what it started and exits 0.
+Ctrl-C, SIGTERM or closing its terminal (SIGHUP) stops what it started and exits 0.
+If the demo itself is killed (SIGKILL), its children stop too on Linux, where each
+asks the kernel for SIGTERM when the demo dies (PR_SET_PDEATHSIG); elsewhere only the
+SMTP sink notices, and ``kill -- -PGID`` stops the rest. A demo notes its pid and its
+children's in ``demo-port-PORT.pid`` beside the SQLite file, so that a second demo
+says "a previous demo (pid N) still holds port 1025" rather than "set DEMO_SMTP_PORT".
 
 ``--check`` is a smoke test for CI: steps 1 to 4, then one mail sent through the
 compose page with Django's test client, a check that it was queued, a cancel
@@ -28,6 +33,8 @@ Environment:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import hashlib
 import importlib.util
 import os
@@ -58,8 +65,15 @@ CHECK_RECIPIENT = "someone@example.org"
 REQUIRED = {"django": "-e .", "bumail_queue": "-e .", "dj_database_url": "dj-database-url", "aiosmtpd": "aiosmtpd"}
 
 
+# What stops the demo: Ctrl-C, kill, and the terminal closing (SIGHUP; not on Windows).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
 def say(message: str) -> None:
-    print(f"demo: {message}", flush=True)
+    # The terminal may be gone (SIGHUP): stopping the children matters more than this line.
+    with contextlib.suppress(OSError):
+        print(f"demo: {message}", flush=True)
 
 
 class DemoError(Exception):
@@ -269,17 +283,32 @@ class Children:
 
     def __init__(self) -> None:
         self.running: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.pid_files: list[Path] = []
+        self._die_with_demo = _parent_death_signal()
 
-    def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+    def start(self, name: str, args: list[str], port: int | None = None) -> subprocess.Popen[bytes]:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if os.name == "nt":
             process = subprocess.Popen(
                 args, cwd=PROJECT_DIR, env=env, creationflags=subprocess.CREATE_NEW_PROCESS_GROUP
             )
         else:
-            process = subprocess.Popen(args, cwd=PROJECT_DIR, env=env, start_new_session=True)
+            process = subprocess.Popen(
+                args, cwd=PROJECT_DIR, env=env, start_new_session=True, preexec_fn=self._die_with_demo
+            )
         self.running.append((name, process))
+        if port is not None:
+            self._note_port(port, process)
         return process
+
+    def _note_port(self, port: int, process: subprocess.Popen[bytes]) -> None:
+        """Write who holds ``port`` (this demo, the child's group) for the next demo's message."""
+        path = _pid_file(port)
+        try:
+            path.write_text(f"{os.getpid()} {process.pid}\n")
+        except OSError:  # only that message depends on it
+            return
+        self.pid_files.append(path)
 
     def exited(self) -> tuple[str, int] | None:
         """Return the name and exit code of a child that stopped by itself, if any."""
@@ -316,6 +345,35 @@ class Children:
                 self._signal(process, getattr(signal, "SIGKILL", signal.SIGTERM))
                 process.wait()
         self.running.clear()
+        for path in self.pid_files:
+            path.unlink(missing_ok=True)
+        self.pid_files.clear()
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """On Linux, a ``preexec_fn`` that has the kernel send the child SIGTERM when the demo
+    dies, even by SIGKILL, which no handler sees; None elsewhere (no such call there).
+
+    SIGTERM, not SIGKILL: the sink then closes its port, and runserver's autoreloader
+    kills the server process it runs (that grandchild does not inherit the setting).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    # Looked up here, in the demo: between fork and exec the child should only make the call.
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    demo = os.getpid()
+
+    def die_with_demo() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != demo:  # the demo died before the call took effect
+            os._exit(1)
+
+    return die_with_demo
 
 
 def _smtp_answers(port: int) -> bool:
@@ -342,14 +400,55 @@ def _wait_until_listening(
     raise DemoError(f"{name} did not start listening on {HOST}:{port} within {timeout:.0f} seconds.")
 
 
+def _pid_file(port: int) -> Path:
+    # Beside the SQLite file: the demo's own data directory, the same for the next run.
+    database = Path(os.environ.get("DEMO_DB_PATH") or PROJECT_DIR / "demo.sqlite3")
+    return database.resolve().parent / f"demo-port-{port}.pid"
+
+
+def _exists(check: Callable[[], None]) -> bool:
+    try:
+        check()
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        return True
+    return True
+
+
+def _previous_demo(port: int) -> str | None:
+    """Say who holds ``port`` when a pid file shows it is a previous demo, or its children."""
+    if os.name == "nt":  # os.kill(pid, 0) would end the process there, not probe it
+        return None
+    try:
+        demo, group = (int(field) for field in _pid_file(port).read_text().split())
+    except (OSError, ValueError):
+        return None
+    if demo != os.getpid() and _exists(lambda: os.kill(demo, 0)):
+        return f"A previous demo (pid {demo}) still holds port {port} on {HOST}: stop it with `kill {demo}`."
+    if _exists(lambda: os.killpg(group, 0)):  # the demo died and left them running
+        return (
+            f"Processes a previous demo started (process group {group}) still hold port {port} on {HOST}: "
+            f"stop them with `kill -- -{group}`."
+        )
+    return None
+
+
 def require_free_port(port: int, variable: str) -> None:
-    if not _port_is_free(port):
-        raise DemoError(f"Port {port} on {HOST} is in use; set {variable} to a free port.")
+    if _port_is_free(port):
+        return
+    # Another port would only start a second demo beside the first: say how to stop it.
+    previous = _previous_demo(port)
+    if previous is not None:
+        raise DemoError(previous)
+    raise DemoError(f"Port {port} on {HOST} is in use; set {variable} to a free port.")
 
 
 def start_sink(children: Children, port: int) -> None:
     require_free_port(port, "DEMO_SMTP_PORT")
-    process = children.start("the SMTP sink", [sys.executable, str(Path(__file__).resolve()), "--smtp-sink", str(port)])
+    process = children.start(
+        "the SMTP sink", [sys.executable, str(Path(__file__).resolve()), "--smtp-sink", str(port)], port=port
+    )
     _wait_until_listening(process, "The SMTP sink", port, timeout=20, probe=_smtp_answers)
 
 
@@ -379,6 +478,7 @@ def run_sink(port: int) -> int:
             )
             return "250 2.0.0 OK: accepted by the demo's SMTP sink"
 
+    demo = os.getppid()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -393,7 +493,10 @@ def run_sink(port: int) -> int:
     print(f"smtp-sink: listening on {HOST}:{port}; it prints one line per message and delivers none", flush=True)
     try:
         while not stop.wait(0.5):
-            pass
+            # The demo died without stopping the sink (SIGKILL where no parent-death
+            # signal exists): free the port rather than hold it for nobody.
+            if os.getppid() != demo:
+                break
     finally:
         controller.stop()
     return 0
@@ -403,7 +506,11 @@ def run_sink(port: int) -> int:
 
 
 def _on_signal(signum: int, frame: object) -> None:
-    # SIGTERM stops the demo the way Ctrl-C does.
+    # SIGTERM and SIGHUP stop the demo the way Ctrl-C does. Only the first one: a closing
+    # terminal sends SIGHUP from the kernel and again from the shell, and a second
+    # KeyboardInterrupt could cut short the stopping of the children.
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
@@ -469,7 +576,9 @@ def run_check() -> None:
 
 def run_demo(children: Children, http_port: int) -> None:
     require_free_port(http_port, "DEMO_HTTP_PORT")
-    server = children.start("the web server", [sys.executable, str(MANAGE), "runserver", f"{HOST}:{http_port}"])
+    server = children.start(
+        "the web server", [sys.executable, str(MANAGE), "runserver", f"{HOST}:{http_port}"], port=http_port
+    )
     _wait_until_listening(server, "The web server", http_port, timeout=60)
     base = f"http://{HOST}:{http_port}"
     say("open these pages:")
@@ -502,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     children = Children()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, _on_signal)
     try:
         if _env_flag("DEMO_NO_VENV"):
@@ -539,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         # Whatever happened, the children go too; a second Ctrl-C must not cut this short.
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
         children.stop_all()
     return 0

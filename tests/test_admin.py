@@ -538,3 +538,20 @@ def test_an_item_queued_seconds_ago_is_under_a_minute_old(superuser_client, stor
     item = queue.enqueue(newsletter(to="erin@example.org"))
     assert "(under a minute ago)" in text_of(superuser_client.get(item_url(item.id)))
     assert "0 minutes" not in text_of(superuser_client.get(LIST))
+
+
+# -- layout -------------------------------------------------------------------------------
+
+
+def test_a_long_subject_is_cut_in_the_list_and_whole_in_its_title(superuser_client, store_name):
+    subject = "Your monthly statement is ready: " + "fourteen transactions and two refunds, " * 4
+    item = queue.enqueue(newsletter(subject=subject.strip()))
+    page = text_of(superuser_client.get(LIST))
+    link = re.search(r'<a href="[^"]*' + item.id + r'[^"]*" class="bq-clamp" title="([^"]*)">([^<]*)</a>', page)
+    assert link is not None
+    assert unescape(link.group(1)) == subject.strip()
+    assert len(unescape(link.group(2))) == 80 and link.group(2).endswith("…")
+    assert f'title="{item.id}">{item.id[:8]}…</div>' in page
+    for column in ("subject", "sender", "recipients", "state", "attempts", "next", "age"):
+        assert f'class="column-{column}"' in page
+    assert "bumail_queue/admin.css" in text_of(superuser_client.get(LOG))

@@ -28,6 +28,51 @@ EXAMPLE = ROOT / "example_project"
 IMAGES = ROOT / "docs" / "images"
 CHROMIUM = os.environ.get("BUMAIL_CHROMIUM", "/usr/bin/chromium")
 USERNAME, PASSWORD = "operator", "browser-test-only-password"
+#: The viewport of every test and screenshot: a common laptop screen, with the admin's
+#: navigation sidebar open (its default), the narrowest room the list is made for.
+VIEWPORT = {"width": 1280, "height": 800}
+
+#: Mail as long as real mail gets, added after ``seed_queue``: a long subject, long
+#: addresses, several recipients, long replies (with an unbreakable URL) and a long
+#: remote host, in the list and in the delivery log. Its addresses are at
+#: ``long.example.edu`` only, so the other tests' searches never find it.
+LONG_MAIL = """
+from datetime import timedelta
+from django.core.mail import EmailMessage
+from django.utils import timezone
+from bumail_queue import delivery_log
+from bumail_queue.items import Reply
+from bumail_queue.service import queue
+
+now = timezone.now()
+to = [
+    "accounts-payable.department.northern-region@long.example.edu",
+    "Christopher.Montgomery-Fitzwilliam@long.example.edu",
+    "procurement-notifications-archive@long.example.edu",
+    "helpdesk@long.example.edu",
+]
+item = queue.enqueue(EmailMessage(
+    "Your monthly statement for account 4417-2231-0098 is ready: 14 transactions, 2 pending refunds,"
+    " and a change to our terms of service from 1 March",
+    "A long sample message.", "billing-notifications.no-reply@statements.long.example.edu", to,
+))
+reply = Reply(
+    code=550, status="5.7.1",
+    text="The user or domain that you are sending to (or from) has a policy that prohibited the mail that you"
+    " sent. Please contact your domain administrator for further details. For more information, visit"
+    " https://support.long.example.edu/mail/answer/7606?hl=en&p=NotAuthorizedError&ref=smtp-reply-5.7.1",
+)
+later = Reply(code=451, status="4.3.0", text="Temporary local problem while checking recipient policy"
+              " (mailbox-policy-service-cluster-07 timed out after 30 seconds); please try again later")
+for address in to:
+    delivery_log.record(
+        item_id=item.id, recipient=address, status="deferred" if address.startswith("help") else "failed",
+        reply=later if address.startswith("help") else reply, envelope_sender=item.sender,
+        remote_host="mx-inbound-relay-cluster-04.eu-west-3.mail-protection.long.example.edu",
+        at=now - timedelta(minutes=3), tls=True,
+        next_attempt_at=now + timedelta(minutes=20) if address.startswith("help") else None,
+    )
+"""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -64,6 +109,7 @@ def example_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     _manage(env, "migrate", "--no-input", "-v0")
     _manage(env, "createsuperuser", "--no-input", "--username", USERNAME, "--email", "operator@example.com")
     _manage(env, "seed_queue")
+    _manage(env, "shell", "-c", LONG_MAIL)
     port = _free_port()
     server = subprocess.Popen(
         [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
@@ -104,7 +150,7 @@ def chromium() -> Iterator[object]:
 @pytest.fixture
 def page(chromium, example_site):
     """A logged-in admin tab (a fresh browser context per test)."""
-    context = chromium.new_context(viewport={"width": 1520, "height": 900}, base_url=example_site)
+    context = chromium.new_context(viewport=VIEWPORT, base_url=example_site)
     tab = context.new_page()
     errors: list[str] = []
     tab.on("pageerror", lambda error: errors.append(str(error)))

@@ -13,6 +13,29 @@ import pytest
 pytestmark = pytest.mark.browser
 
 LIST = "/admin/bumail_queue/item/"
+LOG = "/admin/bumail_queue/deliverylog/"
+LONG_SUBJECT = "Your monthly statement for account 4417-2231-0098 is ready"
+
+#: Where the page, the result table, the filter panel and each column header are; whether
+#: the table scrolls inside its box (the admin's ``.results`` scrolls sideways, so a list
+#: too wide for the page hides under the filter panel without the page scrolling), and
+#: whether any header's text is cut.
+LAYOUT = """() => {
+    const box = (el) => { const r = el.getBoundingClientRect(); return {left: r.left, right: r.right}; };
+    const table = document.querySelector("#result_list");
+    const filter = document.querySelector("#changelist-filter");
+    const results = table.closest(".results");
+    return {
+        scrollWidth: document.documentElement.scrollWidth,
+        innerWidth: window.innerWidth,
+        resultsScroll: [results.scrollWidth, results.clientWidth],
+        table: box(table),
+        filter: filter ? box(filter) : null,
+        headers: [...table.querySelectorAll("thead th")].map((th) => ({
+            text: th.innerText.trim(), ...box(th), cut: th.scrollWidth > th.clientWidth,
+        })),
+    };
+}"""
 
 
 def open_item(page, subject):
@@ -20,11 +43,49 @@ def open_item(page, subject):
     page.wait_for_selector("#bq-recipients")
 
 
+def assert_sidebar_open(page):
+    assert page.evaluate("localStorage.getItem('django.admin.navSidebarIsOpen')") in (None, "true")
+    assert page.locator("#nav-sidebar").is_visible()
+    assert "shifted" in (page.locator("#main").get_attribute("class") or "")  # nav_sidebar.js: open
+
+
+def assert_fits(page, columns):
+    """The list at 1280 px beside the open sidebar: no horizontal scrolling, the table
+    left of the filter panel, and every column header whole and in view."""
+    layout = page.evaluate(LAYOUT)
+    assert layout["innerWidth"] == 1280
+    assert layout["scrollWidth"] <= layout["innerWidth"], layout
+    assert layout["resultsScroll"][0] <= layout["resultsScroll"][1], layout
+    assert layout["table"]["right"] <= layout["innerWidth"], layout
+    assert layout["table"]["right"] <= layout["filter"]["left"], layout
+    headers = {h["text"].lower(): h for h in layout["headers"]}
+    for column in columns:
+        header = headers[column.lower()]
+        assert 0 <= header["left"] < header["right"] <= layout["filter"]["left"], (column, layout)
+        assert not header["cut"], (column, layout)
+
+
+def test_the_lists_fit_1280_px_with_the_sidebar_open(page, screenshot):
+    page.goto(LIST)
+    assert_sidebar_open(page)
+    long_row = page.locator("#result_list tbody tr", has_text=LONG_SUBJECT)
+    assert long_row.count() == 1
+    assert "and 1 more" in long_row.inner_text()
+    # A subject cut short says the whole of itself in its title.
+    assert LONG_SUBJECT in long_row.locator("th.field-subject a").get_attribute("title")
+    assert_fits(page, ["Subject", "Sender", "Recipients", "State", "Attempts", "Next attempt", "Age"])
+
+    page.goto(LOG)
+    assert_sidebar_open(page)
+    assert page.locator("#result_list tbody tr", has_text="NotAuthorizedError").count() >= 1
+    assert_fits(page, ["Logged at", "Recipient", "Status", "Reply", "Remote host", "Item"])
+    screenshot(page, "admin-log.png")
+
+
 def test_find_an_item_by_recipient_and_read_it(page, screenshot):
     page.goto(LIST)
     assert page.locator("#result_list tbody tr").count() >= 8
-    page.click("#toggle-nav-sidebar")  # the admin's own sidebar toggle: more room for the list
-    page.evaluate("window.scrollTo(0, 0)")
+    assert_sidebar_open(page)  # as an operator sees it first: the screenshot too
     screenshot(page, "admin-list.png")
 
     page.fill("#searchbar", "alice@example.org")
@@ -56,7 +117,7 @@ def test_find_an_item_by_recipient_and_read_it(page, screenshot):
     assert blocked
     page.js_errors[:] = [e for e in page.js_errors if e not in blocked]
     # The whole page at once, its frame painted (a full-page capture can leave it blank).
-    page.set_viewport_size({"width": 1520, "height": page.evaluate("document.documentElement.scrollHeight")})
+    page.set_viewport_size({"width": 1280, "height": page.evaluate("document.documentElement.scrollHeight")})
     frame.locator("h1").first.wait_for()
     screenshot(page, "admin-item.png")
 
