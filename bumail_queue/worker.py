@@ -188,9 +188,8 @@ class Worker:
             reuse_seconds=self.settings.connection_reuse_seconds,
             mx_session_limit=self.settings.mx_session_limit,
             unreachable_memory_seconds=self.settings.unreachable_host_memory.total_seconds(),
-            dkim=Signatures(self.settings.dkim, unsigned_on_error=self.settings.dkim_unsigned_on_error)
-            if self.settings.dkim
-            else None,
+            # Without signers it signs nothing, and the transport leaves it out.
+            dkim=Signatures(self.settings.dkim, unsigned_on_error=self.settings.dkim_unsigned_on_error),
         )
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import select
 import signal
@@ -138,6 +139,33 @@ def _running(lines: list[str]) -> Callable[[], bool]:
     return printed(lines, "demo: press Ctrl-C to stop")
 
 
+@dataclasses.dataclass
+class _RunningDemo:
+    process: subprocess.Popen[str]
+    lines: list[str]
+    children: set[int]  # every process under it once it runs
+    env: dict[str, str]
+    smtp_port: int
+    http_port: int
+
+    def ports_free(self) -> bool:
+        return not _answers(self.smtp_port) and not _answers(self.http_port)
+
+
+@contextlib.contextmanager
+def _running_demo(tmp_path: Path) -> Iterator[_RunningDemo]:
+    """A demo started as a terminal starts it, once it runs; whatever is left of it is
+    killed at the end."""
+    env = _demo_env(tmp_path)
+    smtp_port, http_port = _ports(env)
+    process, lines = _start_demo(env)
+    children: set[int] = set()
+    with _cleanup(process, children):
+        assert wait_until(_running(lines), 120), "".join(lines)
+        children |= _descendants(process.pid)
+        yield _RunningDemo(process, lines, children, env, smtp_port, http_port)
+
+
 @posix_only
 @pytest.mark.slow
 def test_closing_the_terminal_stops_the_demo_and_its_children(tmp_path: Path) -> None:
@@ -186,47 +214,38 @@ def test_closing_the_terminal_stops_the_demo_and_its_children(tmp_path: Path) ->
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal (prctl) is Linux only")
 @pytest.mark.slow
 def test_killing_the_demo_stops_its_children_on_linux(tmp_path: Path) -> None:
-    env = _demo_env(tmp_path)
-    smtp_port, http_port = _ports(env)
-    demo, lines = _start_demo(env)
-    children: set[int] = set()
-    with _cleanup(demo, children):
-        assert wait_until(_running(lines), 120), "".join(lines)
-        children |= _descendants(demo.pid)
-        assert len(children) >= 4, children
+    with _running_demo(tmp_path) as demo:
+        assert len(demo.children) >= 4, demo.children
 
-        demo.kill()  # SIGKILL: no handler of the demo's runs
-        demo.wait(timeout=20)
+        demo.process.kill()  # SIGKILL: no handler of the demo's runs
+        demo.process.wait(timeout=20)
 
-        assert wait_until(_all_gone(children), 30), f"left running: {children & set(_live_processes())}"
-        assert wait_until(lambda: not _answers(smtp_port) and not _answers(http_port), 10)
+        assert wait_until(_all_gone(demo.children), 30), f"left running: {demo.children & set(_live_processes())}"
+        assert wait_until(demo.ports_free, 10)
 
 
 @posix_only
 @pytest.mark.slow
 def test_a_second_demo_names_the_first_that_holds_the_ports(tmp_path: Path) -> None:
-    env = _demo_env(tmp_path)
-    smtp_port, http_port = _ports(env)
-    first, lines = _start_demo(env)
-    children: set[int] = set()
-    with _cleanup(first, children):
-        assert wait_until(_running(lines), 120), "".join(lines)
-        children |= _descendants(first.pid)
-
+    with _running_demo(tmp_path) as first:
         second = subprocess.run(
-            [sys.executable, str(DEMO)], cwd=REPO_DIR, env=env, capture_output=True, text=True, timeout=60, check=False
-        )
+            [sys.executable, str(DEMO)], cwd=REPO_DIR, env=first.env, capture_output=True, text=True, timeout=60,
+            check=False,
+        )  # fmt: skip
 
         output = f"--- stdout\n{second.stdout}\n--- stderr\n{second.stderr}"
         assert second.returncode == 1, output
-        expected = f"A previous demo (pid {first.pid}) still holds port {smtp_port} on 127.0.0.1: stop it with `kill {first.pid}`"
+        pid = first.process.pid
+        expected = (
+            f"A previous demo (pid {pid}) still holds port {first.smtp_port} on 127.0.0.1: stop it with `kill {pid}`"
+        )
         assert expected in second.stderr, output
         assert "DEMO_SMTP_PORT" not in output and "DEMO_HTTP_PORT" not in output, output
 
-        first.send_signal(signal.SIGTERM)  # as the message says
-        assert first.wait(timeout=60) == 0, "".join(lines)
-        assert wait_until(_all_gone(children), 30), f"left running: {children & set(_live_processes())}"
-        assert not _answers(smtp_port) and not _answers(http_port)
+        first.process.send_signal(signal.SIGTERM)  # as the message says
+        assert first.process.wait(timeout=60) == 0, "".join(first.lines)
+        assert wait_until(_all_gone(first.children), 30), f"left running: {first.children & set(_live_processes())}"
+        assert first.ports_free()
         assert not list(tmp_path.glob("demo-port-*.pid"))
 
 

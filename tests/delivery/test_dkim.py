@@ -16,6 +16,7 @@ from django.test import override_settings
 from bumail_queue import queue
 from bumail_queue.conf import DKIMSigner, Route
 from bumail_queue.delivery.dkim import DKIMError, Signatures, load_key, public_key_record
+from bumail_queue.delivery.dns import make_resolver
 from bumail_queue.delivery.smtp import SMTPTransport
 from bumail_queue.items import RecipientStatus
 from tests.dkim_keys import TestKeys
@@ -54,9 +55,7 @@ def published(dns_server: LoopbackDNSServer, dkim_keys: TestKeys) -> LoopbackDNS
 
 def txt_lookup(server: LoopbackDNSServer) -> Callable[..., bytes]:
     """dkimpy's ``dnsfunc``: the TXT record of a name, asked of the loopback server."""
-    resolver = dns.resolver.Resolver(configure=False)
-    resolver.nameservers = [server.address]
-    resolver.port = server.port
+    resolver = make_resolver(server.nameservers)
 
     def lookup(name: bytes, timeout: float = 5) -> bytes:
         try:

@@ -32,7 +32,6 @@ _LINE_END = re.compile(rb"\r\n|\r|\n")
 # The end of the header block (RFC 5322 §2.1): the first empty line.
 _HEADER_END = re.compile(rb"\r?\n\r?\n|\r\r")
 _LEADING_DOT = re.compile(rb"^\.", re.MULTILINE)
-_STUFFED_DOT = re.compile(rb"^\.\.", re.MULTILINE)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -40,6 +39,7 @@ class _Message:
     """The message as it goes on the wire after DATA, and what MAIL says about it."""
 
     data: bytes  # CRLF lines, dot-stuffed, ending with CRLF "." CRLF
+    text: bytes = dataclasses.field(repr=False)  # the CRLF lines before stuffing: the stored bytes, most often
     size: int  # RFC 1870: CRLF lines, before dot-stuffing
     eight_bit: bool
     utf8_headers: bool  # RFC 6532 header fields: they travel only with SMTPUTF8
@@ -54,31 +54,26 @@ class _Message:
         eight_bit = not message.isascii()
         return cls(
             data=stuffed + b".\r\n",
+            text=text,
             size=len(text),
             eight_bit=eight_bit,
             utf8_headers=eight_bit and _utf8_headers(message),
             long_lines=needs_conversion(text, eight_bit=True),
         )
 
-    def for_server(self, *, eight_bit: bool, utf8_headers: bool) -> _Message:
-        """Return the message re-encoded for a server that does or does not take 8-bit
-        content (8BITMIME) and UTF-8 header fields (SMTPUTF8); itself when it fits.
+    def text_for(self, *, eight_bit: bool, utf8_headers: bool) -> bytes:
+        """Return the text re-encoded for a server that does or does not take 8-bit
+        content (8BITMIME) and UTF-8 header fields (SMTPUTF8); ``self.text`` when it fits.
 
         Raises ``UnconvertibleError`` when a header field stands in the way.
         """
         if not self.long_lines and (eight_bit or not self.eight_bit):
-            return self
-        text = _unstuffed(self.data)
-        return _Message.of(seven_bit_safe(text, eight_bit=eight_bit, utf8_headers=utf8_headers))
+            return self.text
+        return seven_bit_safe(self.text, eight_bit=eight_bit, utf8_headers=utf8_headers)
 
-    def signed(self, signatures: Signatures) -> _Message:
-        """Return the message with the DKIM signatures of its ``From`` domain; itself when none signs.
-
-        Raises ``DKIMError`` when a signer that should sign cannot.
-        """
-        text = _unstuffed(self.data)
-        signed = signatures.sign(text)
-        return self if signed is text else _Message.of(signed)
+    def with_text(self, text: bytes) -> _Message:
+        """Return the message that sends ``text`` instead: itself when ``text`` is its own."""
+        return self if text is self.text else _Message.of(text)
 
 
 def _crlf(message: bytes) -> bytes:
@@ -88,12 +83,6 @@ def _crlf(message: bytes) -> bytes:
     if text and not text.endswith(b"\r\n"):
         text += b"\r\n"
     return text
-
-
-def _unstuffed(data: bytes) -> bytes:
-    """Return the CRLF text that ``_Message.data`` carries, dot-stuffing and end undone."""
-    text = data[: -len(b".\r\n")]
-    return _STUFFED_DOT.sub(b".", text) if text.startswith(b"..") or b"\n.." in text else text
 
 
 def _utf8_headers(message: bytes) -> bool:
@@ -250,7 +239,7 @@ class _Transactions:
         if refusal is not None:
             return message, _failed(refusal)
         try:
-            fitted = message.for_server(eight_bit=eight_bit, utf8_headers=utf8)
+            text = message.text_for(eight_bit=eight_bit, utf8_headers=utf8)
         except UnconvertibleError as error:
             why = " (it does not offer 8BITMIME)" if message.eight_bit and not eight_bit else ""
             return message, _failed(
@@ -258,13 +247,15 @@ class _Transactions:
             )
         if self._signatures is not None:
             try:
-                fitted = fitted.signed(self._signatures)
+                text = self._signatures.sign(text)
             except DKIMError as error:
                 if not self._signatures.unsigned_on_error:
                     logger.error("%s: DKIM signing failed, the message waits: %s", item_id, error)
                     reply = _own("4.3.5", f"DKIM signing failed: {error}. The message waits; it is not sent unsigned.")
                     return message, Outcome(status=RecipientStatus.DEFERRED, reply=reply)
                 logger.warning("%s: DKIM signing failed, sent unsigned (DKIM_UNSIGNED_ON_ERROR): %s", item_id, error)
+        # Stuffed once, whatever re-encoding and signing did to the text.
+        fitted = message.with_text(text)
         refusal = None if fitted is message else _size_refusal(session, fitted)
         return fitted, None if refusal is None else _failed(refusal)
 
