@@ -29,7 +29,7 @@ from django.core.mail import EmailMessage
 
 from .addresses import check_mailbox, check_sender
 from .errors import ErrorCode, QueueError
-from .items import NewItem
+from .items import DEFAULT_CHANNEL, DEFAULT_PRIORITY, NewItem
 
 # RFC 5322 §2.2: a field name is printable US-ASCII (33-126) except the colon.
 _FIELD_NAME = re.compile(rb"[\x21-\x39\x3b-\x7e]+")
@@ -69,7 +69,15 @@ class Prepared:
     recipients: list[str]
     data: bytes
 
-    def new_item(self, *, now: datetime, next_attempt_at: datetime, key: str | None = None) -> NewItem:
+    def new_item(
+        self,
+        *,
+        now: datetime,
+        next_attempt_at: datetime,
+        key: str | None = None,
+        priority: int = DEFAULT_PRIORITY,
+        channel: str = DEFAULT_CHANNEL,
+    ) -> NewItem:
         """Return the item that queues this message, created ``now`` under a new id."""
         return NewItem(
             id=str(uuid.uuid4()),
@@ -79,6 +87,8 @@ class Prepared:
             created_at=now,
             next_attempt_at=next_attempt_at,
             key=key,
+            priority=priority,
+            channel=channel,
         )
 
 

@@ -16,7 +16,7 @@ from . import mime, signals
 from .addresses import domain_problem
 from .conf import QueueSettings, get_settings, normalise_domain
 from .errors import ErrorCode, QueueError
-from .items import NewItem, QueueItem
+from .items import DEFAULT_CHANNEL, DEFAULT_PRIORITY, NewItem, QueueItem, check_channel, check_priority
 from .queries import AGE_BUCKETS, ItemQuery, ItemState, QueueSummary, RetryResult
 from .stores import QueueStore, get_store
 from .text import require_keepable
@@ -64,19 +64,18 @@ class QueueService:
         recipients: Sequence[str] | None = None,
         at: datetime | None = None,
         key: str | None = None,
+        priority: int = DEFAULT_PRIORITY,
+        channel: str = DEFAULT_CHANNEL,
         now: datetime | None = None,
+        settings: QueueSettings | None = None,
     ) -> NewItem:
         """Check a message and build the item to add; nothing is written."""
-        settings = self.settings
+        settings = settings or self.settings
         now = now or self.clock()
-        if at is not None and (not isinstance(at, datetime) or timezone.is_naive(at)):
-            raise QueueError(
-                ErrorCode.INVALID, "'at' must be an aware datetime (USE_TZ); got a naive one or another type."
-            )
-        if key is not None:
-            if not isinstance(key, str) or not 0 < len(key) <= 255:
-                raise QueueError(ErrorCode.INVALID, "'key' must be a string of 1 to 255 characters.")
-            require_keepable(key, "idempotency key")
+        _check_at(at)
+        _check_key(key)
+        check_priority(priority)
+        check_channel(channel)
         limits = {"max_size": settings.max_message_size, "max_recipients": settings.max_recipients}
         if isinstance(message, EmailMessage):
             prepared = mime.from_email_message(
@@ -86,7 +85,13 @@ class QueueService:
             prepared = mime.from_bytes(
                 message, sender=sender, recipients=recipients, hostname=settings.hostname, now=now, **limits
             )
-        return prepared.new_item(now=now, next_attempt_at=max(at, now) if at is not None else now, key=key)
+        return prepared.new_item(
+            now=now,
+            next_attempt_at=max(at, now) if at is not None else now,
+            key=key,
+            priority=priority,
+            channel=channel,
+        )
 
     def enqueue(
         self,
@@ -96,20 +101,70 @@ class QueueService:
         recipients: Sequence[str] | None = None,
         at: datetime | None = None,
         key: str | None = None,
+        priority: int = DEFAULT_PRIORITY,
+        channel: str = DEFAULT_CHANNEL,
     ) -> QueueItem:
-        """Queue one message; return its item (the existing one for a known ``key``)."""
-        item = self.prepare(message, sender=sender, recipients=recipients, at=at, key=key)
-        store, max_items = self.store, self.settings.max_items
+        """Queue one message; return its item (the existing one for a known ``key``).
+
+        ``priority`` (-100 to 100, higher first) orders the due items of a channel;
+        the channels with due mail take turns (``channel``, a name of your choice).
+        """
+        settings = self.settings
+        item = self.prepare(
+            message,
+            sender=sender,
+            recipients=recipients,
+            at=at,
+            key=key,
+            priority=priority,
+            channel=channel,
+            settings=settings,
+        )
+        store, max_items = self.store, settings.max_items
         if _on_commit(store):
             transaction.on_commit(lambda: store.add(item, max_items=max_items))
             return item.to_queue_item()
         return store.add(item, max_items=max_items)
 
-    def enqueue_many(self, messages: Sequence[EmailMessage | bytes]) -> builtins.list[QueueItem]:
-        """Queue several messages in one step: all of them, or none."""
-        now = self.clock()
-        items = [self.prepare(message, now=now) for message in messages]
-        store, max_items = self.store, self.settings.max_items
+    def enqueue_many(
+        self,
+        messages: Sequence[EmailMessage | bytes],
+        *,
+        sender: str | None = None,
+        recipients: Sequence[str] | None = None,
+        at: datetime | None = None,
+        keys: Sequence[str | None] | None = None,
+        priority: int = DEFAULT_PRIORITY,
+        channel: str = DEFAULT_CHANNEL,
+    ) -> builtins.list[QueueItem]:
+        """Queue several messages in one step, all of them or none; return their items.
+
+        The arguments are ``enqueue``'s, each given to every message, but for the
+        idempotency keys: ``keys``, one per message (``None`` for a message without).
+        Every message is checked before any is written; the store writes the batch in
+        one statement (PostgreSQL) or one script (Redis).
+        """
+        if isinstance(messages, EmailMessage | bytes):
+            raise QueueError(ErrorCode.INVALID, "'messages' must be a list of messages, not one message.")
+        messages = builtins.list(messages)
+        if keys is not None and (isinstance(keys, str) or len(keys) != len(messages)):
+            raise QueueError(ErrorCode.INVALID, "'keys' must be a list with one key (or None) per message.")
+        settings, now = self.settings, self.clock()
+        items = [
+            self.prepare(
+                message,
+                sender=sender,
+                recipients=recipients,
+                at=at,
+                key=None if keys is None else keys[index],
+                priority=priority,
+                channel=channel,
+                now=now,
+                settings=settings,
+            )
+            for index, message in enumerate(messages)
+        ]
+        store, max_items = self.store, settings.max_items
         if _on_commit(store) and items:
             transaction.on_commit(lambda: store.add_many(items, max_items=max_items))
             return [item.to_queue_item() for item in items]
@@ -217,6 +272,18 @@ class QueueService:
         clock = self.clock if now is None else (lambda: now)
         worker = Worker(settings=self.settings, store=self.store, transport=transport, resolver=resolver, clock=clock)
         return worker.run_until_idle()
+
+
+def _check_at(at: datetime | None) -> None:
+    if at is not None and (not isinstance(at, datetime) or timezone.is_naive(at)):
+        raise QueueError(ErrorCode.INVALID, "'at' must be an aware datetime (USE_TZ); got a naive one or another type.")
+
+
+def _check_key(key: str | None) -> None:
+    if key is not None:
+        if not isinstance(key, str) or not 0 < len(key) <= 255:
+            raise QueueError(ErrorCode.INVALID, "'key' must be a string of 1 to 255 characters.")
+        require_keepable(key, "idempotency key")
 
 
 def _recipient_domain(domain: str) -> str:

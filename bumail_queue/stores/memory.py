@@ -11,8 +11,8 @@ from datetime import datetime
 
 from bumail_queue.conf import QueueSettings
 from bumail_queue.errors import ErrorCode, QueueError
-from bumail_queue.items import AttemptResult, NewItem, QueueItem
-from bumail_queue.queries import SEARCH_HEAD_BYTES, ItemQuery, headers_contain
+from bumail_queue.items import AttemptResult, NewItem, QueueItem, fair_order
+from bumail_queue.queries import SEARCH_HEAD_BYTES, ItemQuery, headers_contain, lane_order
 
 from .base import MESSAGE_HEAD_BYTES, QueueStore
 
@@ -103,6 +103,11 @@ class MemoryStore(QueueStore):
             ]
             return [self._copy(item) for item in matched[offset : offset + limit]]
 
+    def lanes(self) -> builtins.list[tuple[str, int]]:
+        with self._lock:
+            held = {(e.item.channel, e.item.priority) for e in self._entries.values()}
+        return sorted(held, key=lambda lane: lane_order(*lane))
+
     def read_message_heads(self, item_ids: Sequence[str], *, size: int = MESSAGE_HEAD_BYTES) -> dict[str, bytes]:
         with self._lock:
             return {
@@ -122,14 +127,18 @@ class MemoryStore(QueueStore):
             self._entries[item_id].message = None
 
     def claim(self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1) -> builtins.list[QueueItem]:
+        """A pass over every item: the due ones, in ``fair_order``."""
         self.validate_owner(owner)
         with self._lock:
+            due = [e for e in self._entries.values() if e.item.next_attempt_at <= now and not e.item.is_leased_at(now)]
+            taken = fair_order(
+                due,
+                limit=limit,
+                lane=lambda e: (e.item.channel, e.item.priority),
+                place=lambda e: (e.item.next_attempt_at, e.seq),
+            )
             claimed: builtins.list[QueueItem] = []
-            for entry in self._ordered():
-                if len(claimed) >= limit or entry.item.next_attempt_at > now:
-                    break
-                if entry.item.is_leased_at(now):
-                    continue
+            for entry in taken:
                 entry.item = dataclasses.replace(
                     entry.item, lease_owner=owner, lease_expires_at=lease_until, next_attempt_at=lease_until
                 )

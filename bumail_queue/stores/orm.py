@@ -38,7 +38,7 @@ from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
 from bumail_queue.models import Item, Message, item_from_row
 from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueSummary, RetryResult
 
-from . import orm_queries
+from . import orm_claims, orm_queries
 from .base import COMPLETE_TRIES, MESSAGE_HEAD_BYTES, QueueStore, WorkListener
 from .orm_database import (
     INSERT_COLUMNS,
@@ -192,6 +192,8 @@ class ORMStore(QueueStore):
             self.prep_time(new.next_attempt_at),
             0,
             False,
+            new.priority,
+            new.channel,
             0,
         ]
 
@@ -343,6 +345,7 @@ class ORMStore(QueueStore):
     # -- leases and outcomes ----------------------------------------------------------
 
     def claim(self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1) -> builtins.list[QueueItem]:
+        """Lease the due items of every lane, channels in turn (``orm_claims``)."""
         self.validate_owner(owner)
         if limit < 1:
             return []
@@ -354,22 +357,12 @@ class ORMStore(QueueStore):
             rows = self._claim_write_locked(owner, until, at, limit)
         else:
             rows = self._claim_compare_and_set(owner, until, at, limit)
-        rows.sort(key=lambda row: (aware(row[0]), row[1]))
-        return [self._row_to_item(row[2:]) for row in rows]
-
-    @_built_once
-    def _due_sql(self, lock: str = "") -> str:
-        items, q = self.quote(self.items_table), self.quote
-        return (
-            f"SELECT {q('seq')} AS due_seq, {q('next_attempt_at')} AS due_at FROM {items} "
-            f"WHERE {q('next_attempt_at')} <= %s AND ({q('lease_owner')} IS NULL OR {q('lease_expires_at')} <= %s) "
-            f"ORDER BY {q('next_attempt_at')}, {q('seq')} LIMIT %s{lock}"
-        )
+        return [self._row_to_item(row) for row in rows]
 
     @_built_once
     def _lease_sql(self) -> str:
         # The lease doubles as the retry time: a leased item's next_attempt_at is its
-        # lease's expiry, so it leaves the front of the due index (a backlog of leases
+        # lease's expiry, so it leaves the front of its lane (a backlog of leases
         # never slows a claim) and falls due by itself if its worker dies.
         q = self.quote
         return (
@@ -379,25 +372,19 @@ class ORMStore(QueueStore):
 
     @_built_once
     def _skip_locked_claim_sql(self) -> str:
-        items, q = self.quote(self.items_table), self.quote
-        # The lease is committed without waiting for the disk (synchronous_commit off
-        # for this statement's transaction alone): a lease a database crash forgets
-        # only makes the item claimable again, as a worker's crash does, and the
-        # worker's next synchronous commit makes it durable anyway. It saves an fsync
-        # per claim: the milliseconds between new mail and its session.
-        return (
-            f"{self._lease_sql()} FROM ({self._due_sql(' FOR UPDATE SKIP LOCKED')}) AS due, "
-            "(SELECT set_config('synchronous_commit', 'off', true)) AS lease_commit "
-            f"WHERE {items}.{q('seq')} = due.due_seq "
-            f"RETURNING due.due_at, {items}.{q('seq')}, {self._select_list(items)}"
+        return orm_claims.postgres_claim_sql(
+            self.quote, self.items_table, self._lease_sql(), self._select_list(self.quote(self.items_table))
         )
 
     def _claim_skip_locked(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
-        # One statement: the due rows are locked as they are picked, and rows another
-        # claimer holds are skipped, so no worker waits on another's items.
+        # One statement: the lanes' fronts are locked as they are read, skipping rows
+        # another claimer holds, so no worker waits on another's items; then ordered
+        # and leased.
         with self._writing(single_statement=True) as cursor:
-            cursor.execute(self._skip_locked_claim_sql(), [owner, until, until, at, at, limit])
-            return list(cursor.fetchall())
+            cursor.execute(self._skip_locked_claim_sql(), [at, at, limit, limit, owner, until, until])
+            rows = cursor.fetchall()
+        rows.sort(key=lambda row: (row[0], -row[1], aware(row[2]), row[3]))
+        return [row[4:] for row in rows]
 
     def _claim_write_locked(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
         # SQLite has no row locks, but one writer at a time: a transaction begun
@@ -409,7 +396,7 @@ class ORMStore(QueueStore):
             with connection.cursor() as cursor:
                 cursor.execute("BEGIN IMMEDIATE")
                 try:
-                    due = self._read_due(cursor, at, limit)
+                    due = orm_claims.sqlite_fronts(cursor, self.quote, self.items_table, at, limit)
                     rows = self._lease_due(cursor, due, owner, until, at) if due else []
                 except BaseException:
                     cursor.execute("ROLLBACK")
@@ -417,13 +404,8 @@ class ORMStore(QueueStore):
                 cursor.execute("COMMIT")
         return rows
 
-    def _read_due(self, cursor: Any, at: Any, limit: int) -> dict[Any, Any]:
-        """The earliest due items' ``seq`` with their due time."""
-        cursor.execute(self._due_sql(), [at, at, limit])
-        return dict(cursor.fetchall())
-
     def _lease_due(self, cursor: Any, due: dict[Any, Any], owner: str, until: Any, at: Any) -> builtins.list[Any]:
-        """Lease those of ``due`` still due and free; their rows, each led by its due time."""
+        """Lease those of ``due`` still due and free; their rows, in ``due``'s order."""
         q = self.quote
         sql = (
             f"{self._lease_sql()} WHERE {q('seq')} IN ({', '.join(['%s'] * len(due))}) "
@@ -431,7 +413,8 @@ class ORMStore(QueueStore):
             f"RETURNING {q('seq')}, {self._select_list()}"
         )
         cursor.execute(sql, [owner, until, until, *due, at, at])
-        return [(due[row[0]], *row) for row in cursor.fetchall()]
+        leased = {row[0]: row[1:] for row in cursor.fetchall()}
+        return [leased[seq] for seq in due if seq in leased]
 
     def _claim_compare_and_set(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
         # Inside the caller's transaction (a test's, a deliver_due() in a view) the
@@ -441,7 +424,7 @@ class ORMStore(QueueStore):
         # them; it then reads again, so a lost race never reads as an empty queue.
         for _ in range(_CLAIM_RACES):
             with self.translated_errors(), self.connection.cursor() as cursor:
-                due = self._read_due(cursor, at, limit)
+                due = orm_claims.sqlite_fronts(cursor, self.quote, self.items_table, at, limit)
             if not due:
                 return []
             with self._writing(single_statement=True) as cursor:
@@ -827,6 +810,10 @@ class ORMStore(QueueStore):
 
     def read_message_heads(self, item_ids: Sequence[str], *, size: int = MESSAGE_HEAD_BYTES) -> dict[str, bytes]:
         return orm_queries.read_message_heads(self, item_ids, size=size)
+
+    def lanes(self) -> builtins.list[tuple[str, int]]:
+        """One statement that skips through the lanes' index: a probe per lane."""
+        return orm_queries.lanes(self)
 
     def summary(self, *, now: datetime, age_buckets: Sequence[timedelta] = AGE_BUCKETS) -> QueueSummary:
         return orm_queries.summary(self, now=now, age_buckets=age_buckets)

@@ -28,7 +28,7 @@ SUPPORTED_VENDORS = ("postgresql", "sqlite")
 #: The items table's columns as the store's statements read them, in this order.
 ITEM_COLUMNS = (
     "id", "key", "sender", "recipients", "size", "created_at", "next_attempt_at",
-    "attempts", "delay_notified", "lease_owner", "lease_expires_at",
+    "attempts", "delay_notified", "priority", "channel", "lease_owner", "lease_expires_at",
 )  # fmt: skip
 #: The columns an add writes: those a new item starts with (it has no lease), and its revision.
 INSERT_COLUMNS = (*ITEM_COLUMNS[: ITEM_COLUMNS.index("lease_owner")], "rev")

@@ -61,8 +61,8 @@ def test_the_keys_are_laid_out_under_the_prefix(redis_store, redis_prefix, redis
     added = redis_store.add(new(key="order-1", recipients=["a@example.org"]))
     item_key = f"{redis_prefix}item:{added.id}"
     assert {k.decode() for k in redis_client.scan_iter(match=f"{redis_prefix}*")} == {
-        item_key, f"{redis_prefix}message:{added.id}", f"{redis_prefix}items", f"{redis_prefix}ready",
-        f"{redis_prefix}seq", f"{redis_prefix}schema", f"{redis_prefix}keys",
+        item_key, f"{redis_prefix}message:{added.id}", f"{redis_prefix}items", f"{redis_prefix}ready:0:default",
+        f"{redis_prefix}lanes", f"{redis_prefix}seq", f"{redis_prefix}schema", f"{redis_prefix}keys",
     }  # fmt: skip
     fields = redis_client.hgetall(item_key)
     assert set(fields) == {
@@ -77,16 +77,19 @@ def test_the_keys_are_laid_out_under_the_prefix(redis_store, redis_prefix, redis
         b"member",
         b"rev",
         b"key",
+        b"priority",
+        b"channel",
     }
     member = fields[b"member"].decode()
     # Sixteen digits of sequence, so that items equally due come oldest first.
     assert re.fullmatch(rf"\d{{16}}:{added.id}", member)
-    assert redis_client.zscore(f"{redis_prefix}ready", member) == int(fields[b"next"])
-    assert redis_client.get(f"{redis_prefix}schema") == b"1"
+    assert redis_client.zscore(f"{redis_prefix}ready:0:default", member) == int(fields[b"next"])
+    assert redis_client.smembers(f"{redis_prefix}lanes") == {b"0:default"}
+    assert redis_client.get(f"{redis_prefix}schema") == b"2"
     assert redis_client.hget(f"{redis_prefix}keys", "order-1") == added.id.encode()
 
     claim_one(redis_store)
-    assert redis_client.zscore(f"{redis_prefix}ready", member) is None
+    assert redis_client.exists(f"{redis_prefix}ready:0:default", f"{redis_prefix}lanes") == 0
     assert redis_client.zscore(f"{redis_prefix}leases", member) == int(redis_client.hget(item_key, "expires"))
 
 
@@ -113,7 +116,7 @@ def test_two_prefixes_are_two_queues(redis_prefix, redis_client):
 
 @pytest.mark.parametrize(
     ("found", "text"),
-    [("not a version", "the prefix is another application's"), ("2", "newer version of bumail_queue")],
+    [("not a version", "the prefix is another application's"), ("3", "newer version of bumail_queue")],
 )
 def test_a_prefix_holding_another_schema_is_refused_at_the_first_call(
     redis_store, redis_prefix, redis_client, found, text

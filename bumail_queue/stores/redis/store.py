@@ -56,7 +56,7 @@ from bumail_queue.errors import (
     first_line,
 )
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
-from bumail_queue.queries import RetryResult
+from bumail_queue.queries import RetryResult, lane_order
 from bumail_queue.stores.base import COMPLETE_TRIES, MESSAGE_HEAD_BYTES, QueueStore, WorkListener
 
 from . import scripts
@@ -123,7 +123,9 @@ class RedisStore(QueueStore):
                 if not self._schema_checked:
                     # The policy first: on a Redis that may evict, not even the layout is written.
                     self._refuse_eviction(read_eviction_policy(client))
-                    found = scripts.SCHEMA(client, [self.keys.schema], [str(scripts.LAYOUT_VERSION)])
+                    found = scripts.SCHEMA(
+                        client, [self.keys.schema], [str(scripts.LAYOUT_VERSION), self.keys.prefix]
+                    )
                     self._check_schema(found)
                     self._schema_checked = True
         return client
@@ -244,9 +246,11 @@ class RedisStore(QueueStore):
                 str(new.size),
                 micros(new.created_at),
                 micros(new.next_attempt_at),
+                str(new.priority),
+                new.channel,
                 bytes(new.message),
             ]
-        keys = [self.keys.items, self.keys.ready, self.keys.seq, self.keys.keys]
+        keys = [self.keys.items, self.keys.seq, self.keys.keys]
         status, payload = self._run(scripts.ADD, "queue the message", keys, args)
         if status == b"full":
             raise QueueError(
@@ -325,13 +329,22 @@ class RedisStore(QueueStore):
         # A missing key reads as no bytes; a message is never empty (it has headers).
         return {item_id: bytes(head) for (item_id, _), head in zip(known, heads, strict=True) if head}
 
+    def lanes(self) -> builtins.list[tuple[str, int]]:
+        """One read-only script: the lanes with a ready item, and those of the leased items."""
+        held = self._run(scripts.LANES_HELD, "read the lanes", [self.keys.leases], [self.keys.prefix])
+        lanes = set()
+        for lane in held:
+            priority, _, channel = lane.decode().partition(":")
+            lanes.add((channel, int(priority)))
+        return sorted(lanes, key=lambda lane: lane_order(*lane))
+
     # -- leases and outcomes ----------------------------------------------------------
 
     def claim(self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1) -> builtins.list[QueueItem]:
         self.validate_owner(owner)
         if limit < 1:
             return []
-        keys = [self.keys.ready, self.keys.leases, self.keys.items]
+        keys = [self.keys.leases, self.keys.items]
         args: list[str | bytes | int] = [
             self.keys.prefix,
             owner,
@@ -441,7 +454,7 @@ class RedisStore(QueueStore):
 
     @property
     def _outcome_keys(self) -> builtins.list[str]:
-        return [self.keys.items, self.keys.ready, self.keys.leases, self.keys.keys]
+        return [self.keys.items, self.keys.leases, self.keys.keys]
 
     def _outcome_args(self, item_id: str, owner: str, rev: bytes, item: QueueItem) -> builtins.list[str | bytes | int]:
         args: list[str | bytes | int] = [self.keys.prefix, item_id, owner, rev]
@@ -462,7 +475,7 @@ class RedisStore(QueueStore):
         own = own_id(item_id)
         if own is None:
             return False
-        keys = [self.keys.items, self.keys.ready, self.keys.leases]
+        keys = [self.keys.items, self.keys.leases]
         args: list[str | bytes | int] = [
             self.keys.prefix,
             own,
@@ -515,7 +528,7 @@ class RedisStore(QueueStore):
 
     @property
     def _retry_keys(self) -> builtins.list[str]:
-        return [self.keys.items, self.keys.ready]
+        return [self.keys.items]
 
     def _read_items(self, item_ids: Sequence[str]) -> builtins.list[QueueItem]:
         """The items of ``item_ids`` still in the queue, read in one round trip."""
@@ -531,7 +544,7 @@ class RedisStore(QueueStore):
         own = own_id(item_id)
         if own is None:
             return None
-        keys = [self.keys.items, self.keys.ready, self.keys.leases, self.keys.keys]
+        keys = [self.keys.items, self.keys.leases, self.keys.keys]
         fields = self._run(scripts.CANCEL, "cancel the item", keys, [self.keys.prefix, own])
         return None if fields is None else item_from_fields(pairs(fields))
 

@@ -1,61 +1,101 @@
 #!lua flags=allow-oom
 --[[
-KEYS ready, leases, items; ARGV prefix, owner, now, expiry, limit.
+KEYS leases, items; ARGV prefix, owner, now, expiry, limit.
 
-Leases to owner, until expiry, up to limit items due at now: of the items no lease
-holds (ready), and of those whose lease expired by now and whose next attempt has
-come. Earliest due first, then oldest. The expired leases are read whole: there are
-only as many as the leases a crashed or stalled worker left behind, and the leased
-items retried later than their lease's end, until they are due. An item whose hash
-is gone (evicted, or deleted by hand) is dropped with its message, never leased.
-Returns the fields of each item claimed.
+Leases to owner, until expiry, up to limit items due at now, in the order of
+items.fair_order: channels in turn, the higher priority first, then the earliest
+due, then the oldest. The candidates are the first limit due items of each lane's
+ready set (a lane's items no lease holds), and the items whose lease expired by now
+and whose next attempt has come. The expired leases are read whole: there are only
+as many as the leases a crashed or stalled worker left behind, and the leased items
+retried later than their lease's end, until they are due. A lane whose ready set is
+gone leaves the lanes. An item whose hash is gone (evicted, or deleted by hand) is
+dropped with its message, never leased. Returns the fields of each item claimed.
 ]]
 local prefix, owner, expiry = ARGV[1], ARGV[2], ARGV[4]
 local now, limit = tonumber(ARGV[3]), tonumber(ARGV[5])
 
-local function drop(member)
+local function drop(member, lane)
     local id = string.sub(member, 18)
+    if lane then
+        unready(prefix, lane, member)
+    end
     redis.call('ZREM', KEYS[1], member)
     redis.call('ZREM', KEYS[2], member)
-    redis.call('ZREM', KEYS[3], member)
     redis.call('DEL', prefix .. 'message:' .. id)
 end
 
+-- Each candidate: {member, due, priority, channel, lane (nil when leased)}.
 local candidates = {}
-local ready = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[3], 'WITHSCORES', 'LIMIT', 0, limit)
-for i = 1, #ready, 2 do
-    candidates[#candidates + 1] = {member = ready[i], due = tonumber(ready[i + 1])}
-end
-for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[3])) do
-    local next = redis.call('HGET', prefix .. 'item:' .. string.sub(member, 18), 'next')
-    if not next then
-        drop(member)
-    elseif tonumber(next) <= now then
-        candidates[#candidates + 1] = {member = member, due = tonumber(next)}
+for _, lane in ipairs(redis.call('SMEMBERS', prefix .. 'lanes')) do
+    local ready = prefix .. 'ready:' .. lane
+    if redis.call('EXISTS', ready) == 0 then
+        redis.call('SREM', prefix .. 'lanes', lane)
+    else
+        local priority, channel = string.match(lane, '^(-?%d+):(.*)$')
+        local front = redis.call('ZRANGEBYSCORE', ready, '-inf', ARGV[3], 'WITHSCORES', 'LIMIT', 0, limit)
+        for i = 1, #front, 2 do
+            candidates[#candidates + 1] = {front[i], tonumber(front[i + 1]), tonumber(priority), channel, lane}
+        end
     end
 end
-table.sort(candidates, function(a, b)
-    if a.due ~= b.due then
-        return a.due < b.due
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])) do
+    local fields = redis.call('HMGET', prefix .. 'item:' .. string.sub(member, 18), 'next', 'priority', 'channel')
+    if not fields[1] then
+        drop(member, nil)
+    elseif tonumber(fields[1]) <= now then
+        candidates[#candidates + 1] = {member, tonumber(fields[1]), tonumber(fields[2] or '0'), fields[3] or 'default'}
     end
-    return a.member < b.member
+end
+
+-- items.fair_order: rank each channel's candidates, then take turns.
+local function before(a, b)
+    if a[3] ~= b[3] then
+        return a[3] > b[3]
+    end
+    if a[2] ~= b[2] then
+        return a[2] < b[2]
+    end
+    return a[1] < b[1]
+end
+local by_channel = {}
+for _, candidate in ipairs(candidates) do
+    local channel = candidate[4]
+    by_channel[channel] = by_channel[channel] or {}
+    table.insert(by_channel[channel], candidate)
+end
+local ranked = {}
+for _, list in pairs(by_channel) do
+    table.sort(list, before)
+    for turn = 1, math.min(#list, limit) do
+        list[turn].turn = turn
+        ranked[#ranked + 1] = list[turn]
+    end
+end
+table.sort(ranked, function(a, b)
+    if a.turn ~= b.turn then
+        return a.turn < b.turn
+    end
+    return before(a, b)
 end)
 
 local claimed = {}
-for _, candidate in ipairs(candidates) do
+for _, candidate in ipairs(ranked) do
     if #claimed >= limit then
         break
     end
-    local member = candidate.member
+    local member, lane = candidate[1], candidate[5]
     local item = prefix .. 'item:' .. string.sub(member, 18)
     if redis.call('EXISTS', item) == 0 then
-        drop(member)
+        drop(member, lane)
     else
         -- The lease doubles as the retry time: a crashed worker's item falls due by itself.
         redis.call('HSET', item, 'owner', owner, 'expires', expiry, 'next', expiry)
-        redis.call('ZREM', KEYS[1], member)
+        if lane then
+            unready(prefix, lane, member)
+        end
+        redis.call('ZADD', KEYS[1], expiry, member)
         redis.call('ZADD', KEYS[2], expiry, member)
-        redis.call('ZADD', KEYS[3], expiry, member)
         claimed[#claimed + 1] = redis.call('HGETALL', item)
     end
 end
