@@ -207,14 +207,21 @@ _Due = TypeVar("_Due")
 
 
 def fair_order(
-    due: Iterable[_Due], *, limit: int, lane: Callable[[_Due], tuple[str, int]], place: Callable[[_Due], Any]
+    due: Iterable[_Due],
+    *,
+    limit: int,
+    lane: Callable[[_Due], tuple[str, int]],
+    place: Callable[[_Due], Any],
+    after: str = "",
 ) -> list[_Due]:
     """Return the first ``limit`` of the ``due`` items in the order a claim takes them.
 
-    Channels take turns: each channel's items are ranked, higher priority first, then
-    by ``place`` (when due, then how old: ``(next_attempt_at, seq)``), and the first of
-    every channel comes before the second of any. Within a turn the higher priority
-    goes first, then ``place``. ``lane`` gives an item's ``(channel, priority)``.
+    Channels take turns: each channel's items are ranked, the higher priority first,
+    then by ``place`` (when due, then how old: ``(next_attempt_at, seq)``), and the
+    first of every channel comes before the second of any. Within a turn the higher
+    priority goes first, then the channels round-robin: those whose name comes after
+    ``after`` (the channel the previous claim ended with), then the others, by name.
+    ``lane`` gives an item's ``(channel, priority)``.
 
     Every store claims in this order; this is the plain-Python form, for a store that
     reads each lane's first ``limit`` due items and merges them (``limit`` per lane is
@@ -226,11 +233,14 @@ def fair_order(
     for entry in due:
         channel, priority = lane(entry)
         by_channel.setdefault(channel, []).append((-priority, place(entry), entry))
-    ranked: list[tuple[int, int, Any, _Due]] = []
-    for entries in by_channel.values():
+    ranked: list[tuple[int, int, bool, str, _Due]] = []
+    for channel, entries in by_channel.items():
         entries.sort(key=lambda e: (e[0], e[1]))
-        ranked.extend((turn, rank, where, entry) for turn, (rank, where, entry) in enumerate(entries[:limit]))
-    ranked.sort(key=lambda e: (e[0], e[1], e[2]))
+        wrapped = channel <= after
+        ranked.extend(
+            (turn, rank, wrapped, channel, entry) for turn, (rank, _, entry) in enumerate(entries[:limit])
+        )
+    ranked.sort(key=lambda e: (e[0], e[1], e[2], e[3]))
     return [entry for *_, entry in ranked[:limit]]
 
 

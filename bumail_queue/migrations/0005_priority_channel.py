@@ -1,4 +1,5 @@
-"""Each item has a priority and a channel; the claim's lanes have an index.
+"""Each item has a priority and a channel; the claim's lanes have an index, and the
+channels' round-robin a row.
 
 On PostgreSQL 11 and later the two columns cost nothing however large the table: a
 column with a constant default is written in the catalogue, not in each row. The
@@ -35,5 +36,16 @@ class Migration(migrations.Migration):
             index=models.Index(
                 fields=["channel", "priority", "next_attempt_at", "seq"], name="bumail_queue_items_lane"
             ),
+        ),
+        migrations.CreateModel(
+            name="ChannelTurn",
+            fields=[
+                ("id", models.PositiveSmallIntegerField(primary_key=True, serialize=False)),
+                ("last_channel", models.CharField(blank=True, default="", max_length=64, verbose_name="last channel")),
+            ],
+            options={
+                "verbose_name": "channel turn",
+                "db_table": "bumail_queue_channel_turn",
+            },
         ),
     ]

@@ -35,6 +35,7 @@ class MemoryStore(QueueStore):
         self._entries: dict[str, _Entry] = {}
         self._id_by_key: dict[str, str] = {}
         self._seq = itertools.count(1)
+        self._last_channel = ""  # where the channels' round-robin stands
 
     @staticmethod
     def _copy(item: QueueItem) -> QueueItem:
@@ -136,7 +137,10 @@ class MemoryStore(QueueStore):
                 limit=limit,
                 lane=lambda e: (e.item.channel, e.item.priority),
                 place=lambda e: (e.item.next_attempt_at, e.seq),
+                after=self._last_channel,
             )
+            if taken:
+                self._last_channel = taken[-1].item.channel
             claimed: builtins.list[QueueItem] = []
             for entry in taken:
                 entry.item = dataclasses.replace(

@@ -35,7 +35,7 @@ from bumail_queue.conf import QueueSettings
 from bumail_queue.errors import ErrorCode, QueueError, first_line
 from bumail_queue.estimates import planner_estimate
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
-from bumail_queue.models import Item, Message, item_from_row
+from bumail_queue.models import ChannelTurn, Item, Message, item_from_row
 from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueSummary, RetryResult
 
 from . import orm_claims, orm_queries
@@ -46,6 +46,7 @@ from .orm_database import (
     WAKE_CHANNEL,
     PostgresListener,
     aware,
+    binding_cursor,
     check_database,
     default_is_read_committed,
     id_text,
@@ -58,6 +59,14 @@ _MAX_ITEMS_LOCK = 0x62756D61696C  # "bumail"
 _KEY_RACES = 3
 # How often a SQLite claim that lost every item it read to another process reads again.
 _CLAIM_RACES = 50
+# The columns every new item starts with the same value in: the batch add writes them
+# in its statement rather than send a list of them.
+_STARTING_VALUES = {"attempts": "0", "delay_notified": "false", "rev": "0"}
+# The PostgreSQL type of each column the batch add sends a list of.
+_ARRAY_TYPES = {
+    "id": "uuid", "key": "varchar", "sender": "text", "recipients": "jsonb", "size": "bigint",
+    "created_at": "timestamptz", "next_attempt_at": "timestamptz", "priority": "smallint", "channel": "varchar",
+}  # fmt: skip
 # Ids per statement of a retry by id: well within SQLite's bound parameters.
 _IDS_PER_STATEMENT = 500
 
@@ -150,31 +159,36 @@ class ORMStore(QueueStore):
             ) from error
 
     @contextmanager
-    def _writing(self, *, single_statement: bool = False) -> Iterator[Any]:
+    def _writing(self, *, single_statement: bool = False, binding: bool = False) -> Iterator[Any]:
         """Yield a cursor for a write, in a transaction at READ COMMITTED.
 
         Inside the caller's transaction the write joins it (under a savepoint when it
         takes several statements, so a refused add leaves the caller's work alone). A
         single statement outside one needs no transaction of its own when the
         connection already defaults to READ COMMITTED: one round trip, not four.
+        With ``binding``, the cursor sends the parameters apart from the SQL
+        (``orm_database.binding_cursor``): for the statements that carry messages.
         """
         connection = self.connection
         with self.translated_errors():
             if connection.in_atomic_block:
                 if single_statement:
-                    with connection.cursor() as cursor:
+                    with self._cursor(binding=binding) as cursor:
                         yield cursor
                 else:
-                    with transaction.atomic(using=self.alias), connection.cursor() as cursor:
+                    with transaction.atomic(using=self.alias), self._cursor(binding=binding) as cursor:
                         yield cursor
             elif single_statement and default_is_read_committed(self.connection):
-                with connection.cursor() as cursor:
+                with self._cursor(binding=binding) as cursor:
                     yield cursor
             else:
-                with transaction.atomic(using=self.alias), connection.cursor() as cursor:
+                with transaction.atomic(using=self.alias), self._cursor(binding=binding) as cursor:
                     if connection.vendor == "postgresql":
                         cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE")
                     yield cursor
+
+    def _cursor(self, *, binding: bool) -> Any:
+        return binding_cursor(self.connection) if binding else self.connection.cursor()
 
     # -- adding -----------------------------------------------------------------------
 
@@ -207,13 +221,49 @@ class ORMStore(QueueStore):
         )
 
     def add_many(self, items: Sequence[NewItem], *, max_items: int | None = None) -> builtins.list[QueueItem]:
+        """On PostgreSQL without ``MAX_ITEMS``, one statement whatever the number of
+        items; otherwise a transaction (``MAX_ITEMS`` counts the queue under a lock)."""
         if not items:
             return []
         for new in items:
             self.validate_new(new)
-        if len(items) == 1 and max_items is None and self.connection.vendor == "postgresql":
-            return [self._add_one_statement(items[0])]
+        if max_items is None and self.connection.vendor == "postgresql":
+            if len(items) == 1:
+                return [self._add_one_statement(items[0])]
+            return self._add_batch_statement(items)
         return self._add_in_transaction(items, max_items)
+
+    @_built_once
+    def _add_batch_sql(self) -> str:
+        # A column of values per parameter (unnest), so that the statement's text is
+        # the same for any number of items; the constant columns are written here.
+        q, items, messages = self.quote, self.quote(self.items_table), self.quote(self.messages_table)
+        given = [c for c in INSERT_COLUMNS if c not in _STARTING_VALUES]
+        arrays = ", ".join(f"%s::{_ARRAY_TYPES[column]}[]" for column in given)
+        values = ", ".join(_STARTING_VALUES.get(column, f"new.{q(column)}") for column in INSERT_COLUMNS)
+        return (
+            f"WITH new_items AS (INSERT INTO {items} ({', '.join(map(q, INSERT_COLUMNS))}) "
+            f"SELECT {values} FROM unnest({arrays}) AS new({', '.join(map(q, given))}) "
+            f"ON CONFLICT ({q('key')}) WHERE {q('key')} IS NOT NULL DO NOTHING RETURNING {q('id')}), "
+            f"new_messages AS (INSERT INTO {messages} ({q('item_id')}, {q('data')}) "
+            f"SELECT given.{q('id')}, given.{q('data')} FROM unnest(%s::uuid[], %s::bytea[]) "
+            f"AS given({q('id')}, {q('data')}) JOIN new_items USING ({q('id')})) "
+            # One NOTIFY, and the ids inserted: a row whose key was taken is not.
+            f"SELECT array_agg({q('id')}), pg_notify('{WAKE_CHANNEL}', '') FROM new_items HAVING count(*) > 0"
+        )
+
+    def _add_batch_statement(self, items: Sequence[NewItem], *, _depth: int = 0) -> builtins.list[QueueItem]:
+        # The items and their messages in one statement: one round trip, atomic by itself.
+        rows = [self._insert_values(new) for new in items]
+        given = [index for index, column in enumerate(INSERT_COLUMNS) if column not in _STARTING_VALUES]
+        params = [[row[index] for row in rows] for index in given]
+        params += [[row[0] for row in rows], [self._prep_message(new.message) for new in items]]
+        with self._writing(single_statement=True, binding=True) as cursor:
+            cursor.execute(self._add_batch_sql(), params)
+            found = cursor.fetchone()
+        added = {id_text(value) for value in (found[0] if found else [])}
+        by_id = {new.id: new.to_queue_item() for new in items if new.id in added}
+        return self._keyed_ones_too(items, by_id, lambda gone: self._add_batch_statement(gone, _depth=_depth + 1), _depth)
 
     @_built_once
     def _add_one_sql(self) -> str:
@@ -233,7 +283,7 @@ class ORMStore(QueueStore):
         sql = self._add_one_sql()
         params = [*self._insert_values(new), self._prep_message(new.message)]
         for _ in range(_KEY_RACES):
-            with self._writing(single_statement=True) as cursor:
+            with self._writing(single_statement=True, binding=True) as cursor:
                 cursor.execute(sql, params)
                 row = cursor.fetchone()
             if row is not None:
@@ -277,14 +327,27 @@ class ORMStore(QueueStore):
                         ErrorCode.FULL,
                         f"The queue is full: MAX_ITEMS is {max_items} and adding {len(inserted)} would make {total}.",
                     )
+        return self._keyed_ones_too(
+            items, by_id, lambda gone: self._add_in_transaction(gone, max_items, _depth=_depth + 1), _depth
+        )
+
+    def _keyed_ones_too(
+        self,
+        items: Sequence[NewItem],
+        by_id: dict[str, QueueItem],
+        add_again: Callable[[Sequence[NewItem]], builtins.list[QueueItem]],
+        depth: int,
+    ) -> builtins.list[QueueItem]:
+        """Return ``items`` as added: those not in ``by_id`` had their key taken, and
+        are answered with the item holding it, or added again when it left meanwhile."""
         missing = [new for new in items if new.id not in by_id]
         existing = self._get_by_keys([_taken_key(new) for new in missing]) if missing else {}
         gone = [new for new in missing if new.key not in existing]
         if gone:
             # Their keys' items left the queue between the statements: add them anew.
-            if _depth >= _KEY_RACES:
+            if depth >= _KEY_RACES:
                 raise _key_race(gone[0])
-            for item in self._add_in_transaction(gone, max_items, _depth=_depth + 1):
+            for item in add_again(gone):
                 by_id[item.id] = item
                 existing[_taken_key(item)] = item
         return [by_id[new.id] if new.id in by_id else existing[_taken_key(new)] for new in items]
@@ -373,7 +436,11 @@ class ORMStore(QueueStore):
     @_built_once
     def _skip_locked_claim_sql(self) -> str:
         return orm_claims.postgres_claim_sql(
-            self.quote, self.items_table, self._lease_sql(), self._select_list(self.quote(self.items_table))
+            self.quote,
+            self.items_table,
+            ChannelTurn._meta.db_table,
+            self._lease_sql(),
+            self._select_list(self.quote(self.items_table)),
         )
 
     def _claim_skip_locked(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
@@ -383,7 +450,7 @@ class ORMStore(QueueStore):
         with self._writing(single_statement=True) as cursor:
             cursor.execute(self._skip_locked_claim_sql(), [at, at, limit, limit, owner, until, until])
             rows = cursor.fetchall()
-        rows.sort(key=lambda row: (row[0], -row[1], aware(row[2]), row[3]))
+        rows.sort(key=lambda row: row[:4])
         return [row[4:] for row in rows]
 
     def _claim_write_locked(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
@@ -396,7 +463,7 @@ class ORMStore(QueueStore):
             with connection.cursor() as cursor:
                 cursor.execute("BEGIN IMMEDIATE")
                 try:
-                    due = orm_claims.sqlite_fronts(cursor, self.quote, self.items_table, at, limit)
+                    due = orm_claims.sqlite_fronts(cursor, self.quote, self.items_table, ChannelTurn._meta.db_table, at, limit)
                     rows = self._lease_due(cursor, due, owner, until, at) if due else []
                 except BaseException:
                     cursor.execute("ROLLBACK")
@@ -424,7 +491,7 @@ class ORMStore(QueueStore):
         # them; it then reads again, so a lost race never reads as an empty queue.
         for _ in range(_CLAIM_RACES):
             with self.translated_errors(), self.connection.cursor() as cursor:
-                due = orm_claims.sqlite_fronts(cursor, self.quote, self.items_table, at, limit)
+                due = orm_claims.sqlite_fronts(cursor, self.quote, self.items_table, ChannelTurn._meta.db_table, at, limit)
             if not due:
                 return []
             with self._writing(single_statement=True) as cursor:

@@ -58,14 +58,14 @@ def _due_in_lane_sql(q: Quote, items: str, channel: str, priority: str, lock: st
     )
 
 
-def postgres_claim_sql(q: Quote, table: str, lease_set: str, select_list: str) -> str:
+def postgres_claim_sql(q: Quote, table: str, turn_table: str, lease_set: str, select_list: str) -> str:
     """The claim as one PostgreSQL statement.
 
     Parameters, in order: now, now, limit (the lanes' fronts), limit (the lease),
-    then ``lease_set``'s owner, expiry, expiry. Each returned row is the item's turn,
-    its priority, its due time and its ``seq``, then ``select_list``'s columns.
+    then ``lease_set``'s owner, expiry, expiry. Each returned row is the item's place
+    in the claim's order, then ``select_list``'s columns.
     """
-    items = q(table)
+    items, turns = q(table), q(turn_table)
     # Each lane's front is locked as it is read, skipping rows another claimer holds,
     # as a queue of one lane always was: two claimers read past each other and never
     # come back empty while items are due. A row leased meanwhile fails the re-check
@@ -73,13 +73,26 @@ def postgres_claim_sql(q: Quote, table: str, lease_set: str, select_list: str) -
     # locked is what is leased; with several, the fronts not leased are let go of
     # when the statement ends.
     due = _due_in_lane_sql(q, items, "lanes.channel", "lanes.priority", " FOR UPDATE SKIP LOCKED")
+    # Channel names are compared byte by byte (ASCII), as every store compares them.
+    channel = 'channel COLLATE "C"'
     return (
         f"WITH RECURSIVE {lanes_sql(q, items)}, "
         f"fronts AS (SELECT front.{q('seq')} AS seq, front.{q('next_attempt_at')} AS due_at, "
         f"lanes.channel, lanes.priority FROM lanes CROSS JOIN LATERAL ({due}) AS front), "
-        f"chosen AS (SELECT seq, due_at, priority, row_number() OVER "
-        f"(PARTITION BY channel ORDER BY priority DESC, due_at, seq) AS turn FROM fronts "
-        f"ORDER BY turn, priority DESC, due_at, seq LIMIT %s) "
+        f"turn_after AS (SELECT COALESCE((SELECT {q('last_channel')} FROM {turns} WHERE {q('id')} = 1), '') "
+        f"COLLATE \"C\" AS after_channel), "
+        f"ranked AS (SELECT seq, due_at, priority, channel, row_number() OVER "
+        f"(PARTITION BY channel ORDER BY priority DESC, due_at, seq) AS turn FROM fronts), "
+        f"chosen AS (SELECT ranked.*, ranked.{channel} <= turn_after.after_channel AS wrapped "
+        f"FROM ranked, turn_after ORDER BY turn, priority DESC, wrapped, {channel} LIMIT %s), "
+        f"last_served AS (SELECT channel FROM chosen "
+        f"ORDER BY turn DESC, priority, wrapped DESC, {channel} DESC LIMIT 1), "
+        # The round-robin moves on to the channel served last; a claimer that finds
+        # another moving it meanwhile leaves it to that one rather than wait.
+        f"turn_moved AS (UPDATE {turns} SET {q('last_channel')} = last_served.channel FROM last_served "
+        f"WHERE {turns}.{q('id')} = (SELECT {q('id')} FROM {turns} WHERE {q('id')} = 1 FOR UPDATE SKIP LOCKED)), "
+        f"turn_made AS (INSERT INTO {turns} ({q('id')}, {q('last_channel')}) SELECT 1, channel FROM last_served "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {turns}) ON CONFLICT ({q('id')}) DO NOTHING) "
         # The lease is committed without waiting for the disk (synchronous_commit off
         # for this statement's transaction alone): a lease a database crash forgets
         # only makes the item claimable again, as a worker's crash does, and the
@@ -87,19 +100,28 @@ def postgres_claim_sql(q: Quote, table: str, lease_set: str, select_list: str) -
         # per claim: the milliseconds between new mail and its session.
         f"{lease_set} FROM chosen, (SELECT set_config('synchronous_commit', 'off', true)) AS lease_commit "
         f"WHERE {items}.{q('seq')} = chosen.seq "
-        f"RETURNING chosen.turn, chosen.priority, chosen.due_at, chosen.seq, {select_list}"
+        f"RETURNING chosen.turn, -chosen.priority, chosen.wrapped, chosen.{channel}, {select_list}"
     )
 
 
-def sqlite_fronts(cursor: Any, q: Quote, table: str, at: Any, limit: int) -> dict[Any, Any]:
+def sqlite_fronts(cursor: Any, q: Quote, table: str, turn_table: str, at: Any, limit: int) -> dict[Any, Any]:
     """Read every lane's front at ``at`` and return the ``limit`` items a claim takes,
-    ``seq`` to due time, in the order it takes them (``fair_order``)."""
-    items = q(table)
+    ``seq`` to due time, in the order it takes them (``fair_order``); move the
+    channels' round-robin on to the channel served last."""
+    items, turns = q(table), q(turn_table)
+    cursor.execute(f"SELECT {q('last_channel')} FROM {turns} WHERE {q('id')} = 1")
+    found = cursor.fetchone()
+    after = "" if found is None else found[0]
     cursor.execute(f"WITH RECURSIVE {lanes_sql(q, items)} SELECT channel, priority FROM lanes")
     due = _due_in_lane_sql(q, items, "%s", "%s")
     fronts: list[tuple[str, int, Any, Any]] = []
     for channel, priority in cursor.fetchall():
         cursor.execute(due, [channel, priority, at, at, limit])
         fronts.extend((channel, priority, due_at, seq) for seq, due_at in cursor.fetchall())
-    taken = fair_order(fronts, limit=limit, lane=lambda f: (f[0], f[1]), place=lambda f: (f[2], f[3]))
+    taken = fair_order(fronts, limit=limit, lane=lambda f: (f[0], f[1]), place=lambda f: (f[2], f[3]), after=after)
+    if taken:
+        last = taken[-1][0]
+        cursor.execute(f"UPDATE {turns} SET {q('last_channel')} = %s WHERE {q('id')} = 1", [last])
+        if cursor.rowcount == 0:
+            cursor.execute(f"INSERT INTO {turns} ({q('id')}, {q('last_channel')}) VALUES (1, %s)", [last])
     return {seq: due_at for _, _, due_at, seq in taken}

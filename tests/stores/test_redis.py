@@ -24,8 +24,9 @@ from django_redis import get_redis_connection
 from bumail_queue import queue, signals
 from bumail_queue.conf import get_settings
 from bumail_queue.errors import QueueConfigurationError, QueueError
-from bumail_queue.items import RecipientStatus
+from bumail_queue.items import Recipient, RecipientStatus
 from bumail_queue.stores.redis import RedisStore
+from bumail_queue.stores.redis.layout import micros, recipients_json
 from bumail_queue.testing import LEASE, OK, T0, claim_one, result, tried_once
 from bumail_queue.testing import new_item as new
 from tests.conftest import REDIS_ALIAS
@@ -128,6 +129,34 @@ def test_a_prefix_holding_another_schema_is_refused_at_the_first_call(
     with pytest.raises(QueueConfigurationError):
         redis_store.add(new())
     assert redis_client.exists(f"{redis_prefix}items") == 0
+
+
+def test_a_queue_of_layout_1_is_brought_to_layout_2_at_the_first_call(redis_store, redis_prefix, redis_client):
+    # As bumail_queue before lanes left it: one "ready" set, items without priority or channel.
+    ids = ["00000000-0000-4000-8000-00000000000a", "00000000-0000-4000-8000-00000000000b"]
+    for n, item_id in enumerate(ids, start=1):
+        member, due = f"{n:016d}:{item_id}", micros(T0)
+        redis_client.hset(
+            f"{redis_prefix}item:{item_id}",
+            mapping={
+                "id": item_id, "from": "app@example.com", "recipients": recipients_json([Recipient(address=f"r{n}@example.org")]),
+                "size": "5", "created": due, "next": due, "attempts": "0", "delay": "0", "member": member, "rev": "0",
+            },
+        )  # fmt: skip
+        redis_client.set(f"{redis_prefix}message:{item_id}", b"hello")
+        redis_client.zadd(f"{redis_prefix}items", {member: int(due)})
+        redis_client.zadd(f"{redis_prefix}ready", {member: int(due)})
+    redis_client.set(f"{redis_prefix}seq", 2)
+    redis_client.set(f"{redis_prefix}schema", "1")
+
+    assert [(i.id, i.priority, i.channel) for i in redis_store.list()] == [(ids[0], 0, "default"), (ids[1], 0, "default")]
+    assert redis_client.get(f"{redis_prefix}schema") == b"2"
+    assert redis_client.exists(f"{redis_prefix}ready") == 0
+    assert redis_client.zcard(f"{redis_prefix}ready:0:default") == 2
+    assert redis_store.lanes() == [("default", 0)]
+    urgent = redis_store.add(new(priority=5))
+    claimed = redis_store.claim(owner="w", now=T0, lease_until=T0 + LEASE, limit=3)
+    assert [i.id for i in claimed] == [urgent.id, *ids]
 
 
 def test_a_schema_key_of_another_type_is_refused(redis_store, redis_prefix, redis_client):
@@ -567,9 +596,11 @@ def test_a_delivered_item_leaves_nothing_behind(redis_store, redis_prefix, redis
         added.id, owner="w1", result=result(T0, **{"a@example.org": (RecipientStatus.DELIVERED, OK)})
     )
     assert recorded.is_finished
+    # The layout, the sequence and where the channels' round-robin stands: no item.
     assert sorted(k.decode() for k in redis_client.scan_iter(match=f"{redis_prefix}*")) == [
         f"{redis_prefix}schema",
         f"{redis_prefix}seq",
+        f"{redis_prefix}turn",
     ]
 
 

@@ -46,6 +46,11 @@ class RedisKeys:
         return f"{self.prefix}leases"
 
     @property
+    def turn(self) -> str:
+        """The channel the last claim ended with: where the channels' round-robin stands."""
+        return f"{self.prefix}turn"
+
+    @property
     def seq(self) -> str:
         """The counter that orders items equally due."""
         return f"{self.prefix}seq"

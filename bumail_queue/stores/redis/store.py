@@ -344,7 +344,7 @@ class RedisStore(QueueStore):
         self.validate_owner(owner)
         if limit < 1:
             return []
-        keys = [self.keys.leases, self.keys.items]
+        keys = [self.keys.leases, self.keys.items, self.keys.turn]
         args: list[str | bytes | int] = [
             self.keys.prefix,
             owner,

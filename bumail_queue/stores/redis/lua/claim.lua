@@ -1,10 +1,11 @@
 #!lua flags=allow-oom
 --[[
-KEYS leases, items; ARGV prefix, owner, now, expiry, limit.
+KEYS leases, items, turn; ARGV prefix, owner, now, expiry, limit.
 
 Leases to owner, until expiry, up to limit items due at now, in the order of
-items.fair_order: channels in turn, the higher priority first, then the earliest
-due, then the oldest. The candidates are the first limit due items of each lane's
+items.fair_order: channels in turn, the higher priority first, then the channels
+round-robin from the one after turn (the channel the last claim ended with), which
+moves on to the channel served last. The candidates are the first limit due items of each lane's
 ready set (a lane's items no lease holds), and the items whose lease expired by now
 and whose next attempt has come. The expired leases are read whole: there are only
 as many as the leases a crashed or stalled worker left behind, and the leased items
@@ -48,7 +49,19 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])) d
     end
 end
 
+-- Channel names compare byte by byte, as in every store (Lua's < follows the locale).
+local function byte_less(a, b)
+    for i = 1, math.min(#a, #b) do
+        local x, y = string.byte(a, i), string.byte(b, i)
+        if x ~= y then
+            return x < y
+        end
+    end
+    return #a < #b
+end
+
 -- items.fair_order: rank each channel's candidates, then take turns.
+local after = redis.call('GET', KEYS[3]) or ''
 local function before(a, b)
     if a[3] ~= b[3] then
         return a[3] > b[3]
@@ -65,10 +78,12 @@ for _, candidate in ipairs(candidates) do
     table.insert(by_channel[channel], candidate)
 end
 local ranked = {}
-for _, list in pairs(by_channel) do
+for channel, list in pairs(by_channel) do
     table.sort(list, before)
+    local wrapped = not byte_less(after, channel)
     for turn = 1, math.min(#list, limit) do
         list[turn].turn = turn
+        list[turn].wrapped = wrapped
         ranked[#ranked + 1] = list[turn]
     end
 end
@@ -76,10 +91,16 @@ table.sort(ranked, function(a, b)
     if a.turn ~= b.turn then
         return a.turn < b.turn
     end
-    return before(a, b)
+    if a[3] ~= b[3] then
+        return a[3] > b[3]
+    end
+    if a.wrapped ~= b.wrapped then
+        return b.wrapped
+    end
+    return byte_less(a[4], b[4])
 end)
 
-local claimed = {}
+local claimed, last_channel = {}, nil
 for _, candidate in ipairs(ranked) do
     if #claimed >= limit then
         break
@@ -97,6 +118,10 @@ for _, candidate in ipairs(ranked) do
         redis.call('ZADD', KEYS[1], expiry, member)
         redis.call('ZADD', KEYS[2], expiry, member)
         claimed[#claimed + 1] = redis.call('HGETALL', item)
+        last_channel = candidate[4]
     end
+end
+if last_channel then
+    redis.call('SET', KEYS[3], last_channel)
 end
 return claimed
