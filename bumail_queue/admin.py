@@ -48,7 +48,8 @@ from django.utils.translation import gettext_lazy, ngettext
 
 from . import delivery_log
 from .conf import get_settings
-from .items import QueueItem, Recipient, RecipientStatus, reply_line
+from .errors import QueueError
+from .items import QueueItem, Recipient, RecipientStatus, check_channel, check_priority, reply_line
 from .models import DeliveryLog, Item
 from .preview import HeadSummary, preview, srcdoc_for, summarize_head
 from .queries import ItemState, QueueSummary, bucket_labels, is_estimate, state_of
@@ -128,6 +129,19 @@ def _recipient_rows(recipients: Sequence[Recipient], hosts: dict[str, str] | Non
         )
         for r in recipients
     ]
+
+
+def _lane_from(request: HttpRequest) -> tuple[str | None, int | None]:
+    """The channel and priority the list is filtered by; a value no item can have is none."""
+    try:
+        channel: str | None = check_channel(request.GET.get("channel") or "")
+    except QueueError:
+        channel = None
+    try:
+        priority: int | None = check_priority(int(request.GET.get("priority") or ""))
+    except (ValueError, QueueError):
+        priority = None
+    return channel, priority
 
 
 def _ids_from(request: HttpRequest) -> list[str]:
@@ -230,6 +244,7 @@ class ItemAdmin(_ItemAdminBase):
         state = state_value if state_value in set(ItemState) else None
         domain = (request.GET.get("domain") or "").strip()[:255]
         text = (request.GET.get("q") or "").strip()[:320]
+        channel, priority = _lane_from(request)
         try:
             page = max(1, int(request.GET.get("p", "1")))
         except ValueError:
@@ -237,17 +252,30 @@ class ItemAdmin(_ItemAdminBase):
         per_page = self.list_per_page
         # One item more than the page: whether there is a next page, without a count.
         found = queue.search(
-            state=state, domain=domain or None, text=text or None, offset=(page - 1) * per_page, limit=per_page + 1
+            state=state,
+            domain=domain or None,
+            text=text or None,
+            channel=channel,
+            priority=priority,
+            offset=(page - 1) * per_page,
+            limit=per_page + 1,
         )
         items, has_next = found[:per_page], len(found) > per_page
         rows = self._rows(items, now)
-        filtered = bool(state or domain or text)
+        filtered = bool(state or domain or text or channel) or priority is not None
         total = None if filtered else queue.store.estimated_count()
-        params = {key: value for key, value in (("state", state or ""), ("domain", domain), ("q", text)) if value}
+        given = (("state", state or ""), ("domain", domain), ("q", text), ("channel", channel or ""))
+        params = {key: value for key, value in given if value}
+        if priority is not None:
+            params["priority"] = str(priority)
 
         def link(**changes: Any) -> str:
             merged = {**params, **changes}
             return "?" + urlencode({k: v for k, v in merged.items() if v not in (None, "", 1)})
+
+        lanes = queue.store.lanes()
+        channels = sorted({lane_channel for lane_channel, _ in lanes} | ({channel} if channel else set()))
+        priorities = sorted({p for _, p in lanes} | ({priority} if priority is not None else set()), reverse=True)
 
         context = self._context(
             request,
@@ -264,7 +292,13 @@ class ItemAdmin(_ItemAdminBase):
             params=params,
             state_choices=[(None, _("All"), link(state=None, p=1), state is None)]
             + [(s.value, s.label, link(state=s.value, p=1), state == s.value) for s in ItemState],
-            clear_url=link(state=None, domain=None, q=None, p=1) if filtered else None,
+            channel=channel,
+            channel_choices=[(None, _("All"), link(channel=None, p=1), channel is None)]
+            + [(c, c, link(channel=c, p=1), channel == c) for c in channels],
+            priority=priority,
+            priority_choices=[(None, _("All"), link(priority=None, p=1), priority is None)]
+            + [(p, str(p), link(priority=str(p), p=1), priority == p) for p in priorities],
+            clear_url=link(state=None, domain=None, q=None, channel=None, priority=None, p=1) if filtered else None,
             actions=[(RETRY, _("Retry now"))] * self.has_change_permission(request)
             + [(CANCEL, _("Cancel…"))] * self.has_delete_permission(request),
             media=self.media,

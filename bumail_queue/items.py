@@ -24,7 +24,7 @@ DEFAULT_CHANNEL = "default"
 #: The longest channel name.
 CHANNEL_MAX_LENGTH = 64
 # A name an operator can type and a Redis key or a URL can hold as it is.
-_CHANNEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,%d}" % (CHANNEL_MAX_LENGTH - 1))
+_CHANNEL = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._:-]{{0,{CHANNEL_MAX_LENGTH - 1}}}")
 
 
 def check_priority(priority: Any, what: str = "'priority'") -> int:
@@ -237,9 +237,7 @@ def fair_order(
     for channel, entries in by_channel.items():
         entries.sort(key=lambda e: (e[0], e[1]))
         wrapped = channel <= after
-        ranked.extend(
-            (turn, rank, wrapped, channel, entry) for turn, (rank, _, entry) in enumerate(entries[:limit])
-        )
+        ranked.extend((turn, rank, wrapped, channel, entry) for turn, (rank, _, entry) in enumerate(entries[:limit]))
     ranked.sort(key=lambda e: (e[0], e[1], e[2], e[3]))
     return [entry for *_, entry in ranked[:limit]]
 

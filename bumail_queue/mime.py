@@ -169,7 +169,6 @@ class _Generator(BytesGenerator):
                 out.write(policy.fold_binary(name, value))
         out.write(b"\r\n")
 
-
     def _write_lines(self, lines: str) -> None:
         # The whole text in one write, its line ends made the generator's, where the
         # email package writes each line and each line end apart: the same bytes, for

@@ -242,13 +242,22 @@ class QueueService:
         state: ItemState | str | None = None,
         domain: str | None = None,
         text: str | None = None,
+        channel: str | None = None,
+        priority: int | None = None,
         offset: int = 0,
         limit: int = 100,
     ) -> builtins.list[QueueItem]:
         """Return a page of the items that match, earliest due first (see ``ItemQuery``)."""
         if offset < 0 or limit < 0:
             raise QueueError(ErrorCode.INVALID, "'offset' and 'limit' must be 0 or more.")
-        query = ItemQuery(now=self.clock(), state=None if state is None else ItemState(state), domain=domain, text=text)
+        query = ItemQuery(
+            now=self.clock(),
+            state=None if state is None else ItemState(state),
+            domain=domain,
+            text=text,
+            channel=None if channel is None else check_channel(channel),
+            priority=None if priority is None else check_priority(priority),
+        )
         return self.store.search(query, offset=offset, limit=limit)
 
     def summary(self, *, age_buckets: Sequence[timedelta] = AGE_BUCKETS) -> QueueSummary:

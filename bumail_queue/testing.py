@@ -328,9 +328,10 @@ class StoreContract:
         assert len(claimed) == 50
         assert alerts <= {i.id for i in claimed}
         # The channels take turns: one of each, until the smaller has no more.
-        assert [i.channel for i in claimed[:10]] == ["alerts", "bulk"] * 5 or [
-            i.channel for i in claimed[:10]
-        ] == ["bulk", "alerts"] * 5
+        assert [i.channel for i in claimed[:10]] == ["alerts", "bulk"] * 5 or [i.channel for i in claimed[:10]] == [
+            "bulk",
+            "alerts",
+        ] * 5
         assert {i.channel for i in claimed[10:]} == {"bulk"}
 
     def test_channels_take_turns_and_priority_orders_each_turn(self, store: QueueStore) -> None:
@@ -370,7 +371,9 @@ class StoreContract:
         claim_one(store, "w1")
         store.add_many([new_item(channel="alerts") for _ in range(3)])
         address = urgent.recipients[0].address
-        store.complete(urgent.id, owner="w1", result=result(T0 + timedelta(minutes=1), **{address: (S.DEFERRED, LATER)}))
+        store.complete(
+            urgent.id, owner="w1", result=result(T0 + timedelta(minutes=1), **{address: (S.DEFERRED, LATER)})
+        )
         later = T0 + timedelta(minutes=2)
         assert claim_one(store, "w2", now=later).id == urgent.id
         # Given back by a stopping worker, then its lease expired: first again each time.

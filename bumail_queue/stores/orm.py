@@ -263,7 +263,9 @@ class ORMStore(QueueStore):
             found = cursor.fetchone()
         added = {id_text(value) for value in (found[0] if found else [])}
         by_id = {new.id: new.to_queue_item() for new in items if new.id in added}
-        return self._keyed_ones_too(items, by_id, lambda gone: self._add_batch_statement(gone, _depth=_depth + 1), _depth)
+        return self._keyed_ones_too(
+            items, by_id, lambda gone: self._add_batch_statement(gone, _depth=_depth + 1), _depth
+        )
 
     @_built_once
     def _add_one_sql(self) -> str:
@@ -463,7 +465,9 @@ class ORMStore(QueueStore):
             with connection.cursor() as cursor:
                 cursor.execute("BEGIN IMMEDIATE")
                 try:
-                    due = orm_claims.sqlite_fronts(cursor, self.quote, self.items_table, ChannelTurn._meta.db_table, at, limit)
+                    due = orm_claims.sqlite_fronts(
+                        cursor, self.quote, self.items_table, ChannelTurn._meta.db_table, at, limit
+                    )
                     rows = self._lease_due(cursor, due, owner, until, at) if due else []
                 except BaseException:
                     cursor.execute("ROLLBACK")
@@ -491,7 +495,9 @@ class ORMStore(QueueStore):
         # them; it then reads again, so a lost race never reads as an empty queue.
         for _ in range(_CLAIM_RACES):
             with self.translated_errors(), self.connection.cursor() as cursor:
-                due = orm_claims.sqlite_fronts(cursor, self.quote, self.items_table, ChannelTurn._meta.db_table, at, limit)
+                due = orm_claims.sqlite_fronts(
+                    cursor, self.quote, self.items_table, ChannelTurn._meta.db_table, at, limit
+                )
             if not due:
                 return []
             with self._writing(single_statement=True) as cursor:

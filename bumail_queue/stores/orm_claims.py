@@ -37,9 +37,7 @@ def lanes_sql(q: Quote, items: str) -> str:
     ``seq`` is read from the index, and its row through the primary key.
     """
     lane = f"{q('channel')}, {q('priority')}"
-    above = (
-        f"SELECT {q('seq')} FROM {items} WHERE ({lane}) > (lanes.channel, lanes.priority) ORDER BY {lane} LIMIT 1"
-    )
+    above = f"SELECT {q('seq')} FROM {items} WHERE ({lane}) > (lanes.channel, lanes.priority) ORDER BY {lane} LIMIT 1"
     return (
         f"lanes (channel, priority) AS ("
         f"SELECT * FROM (SELECT {lane} FROM {items} ORDER BY {lane} LIMIT 1) AS first_lane "
@@ -80,7 +78,7 @@ def postgres_claim_sql(q: Quote, table: str, turn_table: str, lease_set: str, se
         f"fronts AS (SELECT front.{q('seq')} AS seq, front.{q('next_attempt_at')} AS due_at, "
         f"lanes.channel, lanes.priority FROM lanes CROSS JOIN LATERAL ({due}) AS front), "
         f"turn_after AS (SELECT COALESCE((SELECT {q('last_channel')} FROM {turns} WHERE {q('id')} = 1), '') "
-        f"COLLATE \"C\" AS after_channel), "
+        f'COLLATE "C" AS after_channel), '
         f"ranked AS (SELECT seq, due_at, priority, channel, row_number() OVER "
         f"(PARTITION BY channel ORDER BY priority DESC, due_at, seq) AS turn FROM fronts), "
         f"chosen AS (SELECT ranked.*, ranked.{channel} <= turn_after.after_channel AS wrapped "

@@ -136,7 +136,9 @@ def _unprepared_cursor_class() -> type[Any]:
     class UnpreparedCursor(psycopg.Cursor[Any]):
         """psycopg's server-side binding cursor, whose statements are never prepared."""
 
-        def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None) -> Any:
+        def execute(
+            self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None
+        ) -> Any:
             return super().execute(query, params, prepare=False, binary=binary)
 
     return UnpreparedCursor

@@ -19,8 +19,6 @@ from django.db.models.expressions import RawSQL
 
 from bumail_queue.items import QueueItem
 from bumail_queue.models import Item
-
-from .orm_claims import lanes_sql
 from bumail_queue.queries import (
     SEARCH_HEAD_BYTES,
     ItemQuery,
@@ -30,6 +28,8 @@ from bumail_queue.queries import (
     lane_order,
     shape_from_counts,
 )
+
+from .orm_claims import lanes_sql
 
 
 class ORMTables(Protocol):

@@ -149,7 +149,10 @@ def test_a_queue_of_layout_1_is_brought_to_layout_2_at_the_first_call(redis_stor
     redis_client.set(f"{redis_prefix}seq", 2)
     redis_client.set(f"{redis_prefix}schema", "1")
 
-    assert [(i.id, i.priority, i.channel) for i in redis_store.list()] == [(ids[0], 0, "default"), (ids[1], 0, "default")]
+    assert [(i.id, i.priority, i.channel) for i in redis_store.list()] == [
+        (ids[0], 0, "default"),
+        (ids[1], 0, "default"),
+    ]
     assert redis_client.get(f"{redis_prefix}schema") == b"2"
     assert redis_client.exists(f"{redis_prefix}ready") == 0
     assert redis_client.zcard(f"{redis_prefix}ready:0:default") == 2

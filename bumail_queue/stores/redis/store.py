@@ -123,9 +123,7 @@ class RedisStore(QueueStore):
                 if not self._schema_checked:
                     # The policy first: on a Redis that may evict, not even the layout is written.
                     self._refuse_eviction(read_eviction_policy(client))
-                    found = scripts.SCHEMA(
-                        client, [self.keys.schema], [str(scripts.LAYOUT_VERSION), self.keys.prefix]
-                    )
+                    found = scripts.SCHEMA(client, [self.keys.schema], [str(scripts.LAYOUT_VERSION), self.keys.prefix])
                     self._check_schema(found)
                     self._schema_checked = True
         return client
