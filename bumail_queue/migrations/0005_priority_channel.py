@@ -1,11 +1,13 @@
 """Each item has a priority and a channel; the claim's lanes have an index, and the
 channels' round-robin a row.
 
-On PostgreSQL 11 and later the two columns cost nothing however large the table: a
-column with a constant default is written in the catalogue, not in each row. The
-index is built in one pass over the table, which holds writes to it meanwhile
-(about a second per 100,000 queued items); a queue holds what is not delivered yet,
-so it is built on a small table where workers keep up (see docs/stores.md).
+On PostgreSQL 11 and later the two columns cost next to nothing however large the
+table: a column with a constant default is written in the catalogue, not in each row.
+The index is built in one pass over the table, during which enqueues wait (0.2 s for
+120,000 queued items, measured); a queue holds only what is not delivered yet, so
+that is a small table wherever workers keep up. A plain index build, rather than a
+concurrent one: that needs a migration outside a transaction, PostgreSQL only, and
+a failed build leaves an invalid index behind (see docs/stores.md).
 """
 
 from __future__ import annotations

@@ -62,6 +62,7 @@ def render(summary: QueueSummary, *, top: int) -> list[str]:
         f"Oldest: queued {describe_duration(summary.now - summary.oldest_created_at)} ago "
         f"({summary.oldest_created_at:%Y-%m-%d %H:%M:%S %Z})."
     )
+    lines.append("")
     lines.append("Items by channel and priority (channels take turns, the higher priority first in each):")
     lines.append("")
     lines += _table(
