@@ -242,6 +242,47 @@ def fair_order(
     return [entry for *_, entry in ranked[:limit]]
 
 
+def fair_shares(lanes: Iterable[tuple[str, int, int]], *, limit: int, after: str = "") -> dict[tuple[str, int], int]:
+    """Return how many of each lane's first due items a claim of ``limit`` takes.
+
+    ``lanes`` gives each lane's ``(channel, priority, due)``, ``due`` the number of its
+    items due (it may stop at ``limit``). Taking, from each lane, the number returned
+    for it, earliest due first, takes the items ``fair_order`` would take from every
+    lane's due items: a store counts first, then reads only what it takes.
+    """
+    if limit < 1:
+        return {}
+    by_channel: dict[str, list[tuple[int, int]]] = {}
+    for channel, priority, due in lanes:
+        if due > 0:
+            by_channel.setdefault(channel, []).append((priority, min(due, limit)))
+    totals = {channel: min(limit, sum(due for _, due in sources)) for channel, sources in by_channel.items()}
+    # The turns the claim reaches: the fewest whose items fill it, found by bisection.
+    turns = limit
+    if sum(totals.values()) > limit:
+        low, high = 1, limit
+        while low < high:
+            middle = (low + high) // 2
+            if sum(min(total, middle) for total in totals.values()) >= limit:
+                high = middle
+            else:
+                low = middle + 1
+        turns = low
+    # Each channel's items up to that turn, in the order fair_order ranks them.
+    slots: list[tuple[int, int, bool, str, int]] = []
+    for channel, sources in by_channel.items():
+        wrapped, turn = channel <= after, 0
+        for priority, due in sorted(sources, key=lambda source: -source[0]):
+            for _ in range(min(due, turns - turn)):
+                turn += 1
+                slots.append((turn, -priority, wrapped, channel, priority))
+    slots.sort()
+    shares: dict[tuple[str, int], int] = {}
+    for *_, channel, priority in slots[:limit]:
+        shares[channel, priority] = shares.get((channel, priority), 0) + 1
+    return shares
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Outcome:
     """What one attempt decided for one recipient."""

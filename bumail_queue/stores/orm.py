@@ -436,6 +436,10 @@ class ORMStore(QueueStore):
         )
 
     @_built_once
+    def _count_sql(self) -> str:
+        return orm_claims.postgres_count_sql(self.quote, self.items_table, ChannelTurn._meta.db_table)
+
+    @_built_once
     def _skip_locked_claim_sql(self) -> str:
         return orm_claims.postgres_claim_sql(
             self.quote,
@@ -446,11 +450,22 @@ class ORMStore(QueueStore):
         )
 
     def _claim_skip_locked(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
-        # One statement: the lanes' fronts are locked as they are read, skipping rows
-        # another claimer holds, so no worker waits on another's items; then ordered
-        # and leased.
+        # Two statements: how many items each lane has due (as far as a claim could
+        # take), then each lane's share (items.fair_shares) locked as it is read,
+        # skipping rows another claimer holds, so no worker waits on another's items,
+        # ordered and leased. An idle queue costs the first alone.
+        with self.translated_errors(), self.connection.cursor() as cursor:
+            cursor.execute(self._count_sql(), [at, at, limit, at, at])
+            counted = cursor.fetchall()
+        if not counted:
+            return []
+        after = counted[0][3] or ""
+        shares = orm_claims.shares_of([(channel, priority, n) for channel, priority, n, _ in counted], limit, after)
+        channels, priorities, takes = (list(column) for column in zip(*shares, strict=True))
         with self._writing(single_statement=True) as cursor:
-            cursor.execute(self._skip_locked_claim_sql(), [at, at, limit, limit, owner, until, until])
+            cursor.execute(
+                self._skip_locked_claim_sql(), [channels, priorities, takes, at, at, limit, after, owner, until, until]
+            )
             rows = cursor.fetchall()
         rows.sort(key=lambda row: row[:4])
         return [row[4:] for row in rows]

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from bumail_queue.items import fair_order
+from bumail_queue.items import fair_order, fair_shares
 
 Quote = Callable[[str], str]
 
@@ -46,44 +46,82 @@ def lanes_sql(q: Quote, items: str) -> str:
     )
 
 
-def _due_in_lane_sql(q: Quote, items: str, channel: str, priority: str, lock: str = "") -> str:
-    """The first ``%s`` (limit) items due at ``%s`` (now, twice) of one lane, with their due time."""
+def _due_in_lane_sql(q: Quote, items: str, channel: str, priority: str, *, columns: str = "", lock: str = "") -> str:
+    """The first ``%s`` (a number) items due at ``%s`` (now, twice) of one lane, earliest first."""
     return (
-        f"SELECT {q('seq')}, {q('next_attempt_at')} FROM {items} "
+        f"SELECT {columns or q('seq') + ', ' + q('next_attempt_at')} FROM {items} "
         f"WHERE {q('channel')} = {channel} AND {q('priority')} = {priority} AND {q('next_attempt_at')} <= %s "
         f"AND ({q('lease_owner')} IS NULL OR {q('lease_expires_at')} <= %s) "
         f"ORDER BY {q('next_attempt_at')}, {q('seq')} LIMIT %s{lock}"
     )
 
 
-def postgres_claim_sql(q: Quote, table: str, turn_table: str, lease_set: str, select_list: str) -> str:
-    """The claim as one PostgreSQL statement.
+def count_cap(limit: int, channels_due: int) -> int:
+    """How far a lane's due items need counting: a claim takes at least one item of each
+    channel with due mail, so no channel more than ``limit - channels_due + 1``."""
+    return max(1, limit - channels_due + 1)
 
-    Parameters, in order: now, now, limit (the lanes' fronts), limit (the lease),
-    then ``lease_set``'s owner, expiry, expiry. Each returned row is the item's place
-    in the claim's order, then ``select_list``'s columns.
+
+def shares_of(counted: list[tuple[str, int, int]], limit: int, after: str) -> list[tuple[str, int, int]]:
+    """Each lane's share of a claim (``fair_shares``), as ``(channel, priority, share)``."""
+    return [
+        (channel, priority, share)
+        for (channel, priority), share in fair_shares(counted, limit=limit, after=after).items()
+    ]
+
+
+def postgres_count_sql(q: Quote, table: str, turn_table: str) -> str:
+    """The first of a claim's two statements on PostgreSQL: every lane with due items, and
+    how many (as far as a claim could take); where the channels' round-robin stands.
+
+    Parameters: now, now (has a lane due items), limit (the cap), now, now. A row per
+    lane with due items: its channel, its priority, its count, the round-robin's place;
+    no row when nothing is due.
     """
     items, turns = q(table), q(turn_table)
-    # Each lane's front is locked as it is read, skipping rows another claimer holds,
-    # as a queue of one lane always was: two claimers read past each other and never
-    # come back empty while items are due. A row leased meanwhile fails the re-check
-    # of its due time and lease, and the read goes on past it. With one lane, what is
-    # locked is what is leased; with several, the fronts not leased are let go of
-    # when the statement ends.
-    due = _due_in_lane_sql(q, items, "lanes.channel", "lanes.priority", " FOR UPDATE SKIP LOCKED")
+    due = _due_in_lane_sql(q, items, "lanes.channel", "lanes.priority", columns="1")
+    return (
+        f"WITH RECURSIVE {lanes_sql(q, items)}, "
+        # A probe of each lane's front: does it hold an item due now?
+        f"due_lanes AS (SELECT lanes.channel, lanes.priority FROM lanes "
+        f"WHERE EXISTS ({due.replace('LIMIT %s', 'LIMIT 1')})), "
+        f"cap AS (SELECT greatest(1, %s - count(DISTINCT channel) + 1) AS n FROM due_lanes) "
+        f"SELECT due_lanes.channel, due_lanes.priority, counted.n, "
+        f"(SELECT {q('last_channel')} FROM {turns} WHERE {q('id')} = 1) "
+        f"FROM due_lanes, cap CROSS JOIN LATERAL (SELECT count(*) AS n FROM ("
+        f"{due.replace('lanes.channel', 'due_lanes.channel').replace('lanes.priority', 'due_lanes.priority').replace('LIMIT %s', 'LIMIT cap.n')}"
+        f") AS front) AS counted"
+    )
+
+
+def postgres_claim_sql(q: Quote, table: str, turn_table: str, lease_set: str, select_list: str) -> str:
+    """The second: each lane's share of the claim, locked, ordered and leased.
+
+    Parameters, in order: the lanes' channels, priorities and shares (three arrays),
+    now, now, the claim's limit, the round-robin's place, then ``lease_set``'s owner,
+    expiry, expiry.
+    Each returned row is the item's place in the claim's order, then
+    ``select_list``'s columns.
+    """
+    items, turns = q(table), q(turn_table)
+    # Each lane's share is locked as it is read, skipping rows another claimer holds:
+    # two claimers read past each other, and neither waits. A row leased meanwhile
+    # fails the re-check of its due time and lease, and the read goes on past it.
+    due = _due_in_lane_sql(q, items, "lane.channel", "lane.priority", lock=" FOR UPDATE SKIP LOCKED").replace(
+        "LIMIT %s", "LIMIT lane.share"
+    )
     # Channel names are compared byte by byte (ASCII), as every store compares them.
     channel = 'channel COLLATE "C"'
     return (
-        f"WITH RECURSIVE {lanes_sql(q, items)}, "
-        f"fronts AS (SELECT front.{q('seq')} AS seq, front.{q('next_attempt_at')} AS due_at, "
-        f"lanes.channel, lanes.priority FROM lanes CROSS JOIN LATERAL ({due}) AS front), "
-        f"turn_after AS (SELECT COALESCE((SELECT {q('last_channel')} FROM {turns} WHERE {q('id')} = 1), '') "
-        f'COLLATE "C" AS after_channel), '
+        f"WITH fronts AS (SELECT front.{q('seq')} AS seq, front.{q('next_attempt_at')} AS due_at, "
+        f"lane.channel, lane.priority FROM unnest(%s::varchar[], %s::smallint[], %s::integer[]) "
+        # No more than the claim's limit, which the shares add up to: said here, it
+        # keeps the planner to a join on the primary key for so few rows.
+        f"AS lane(channel, priority, share) CROSS JOIN LATERAL ({due}) AS front LIMIT %s), "
         f"ranked AS (SELECT seq, due_at, priority, channel, row_number() OVER "
-        f"(PARTITION BY channel ORDER BY priority DESC, due_at, seq) AS turn FROM fronts), "
-        f"chosen AS (SELECT ranked.*, ranked.{channel} <= turn_after.after_channel AS wrapped "
-        f"FROM ranked, turn_after ORDER BY turn, priority DESC, wrapped, {channel} LIMIT %s), "
-        f"last_served AS (SELECT channel FROM chosen "
+        f"(PARTITION BY channel ORDER BY priority DESC, due_at, seq) AS turn, "
+        f'{channel} <= (%s::varchar COLLATE "C") AS wrapped FROM fronts), '
+        f"last_served AS (SELECT channel FROM ranked "
         f"ORDER BY turn DESC, priority, wrapped DESC, {channel} DESC LIMIT 1), "
         # The round-robin moves on to the channel served last; a claimer that finds
         # another moving it meanwhile leaves it to that one rather than wait.
@@ -96,25 +134,39 @@ def postgres_claim_sql(q: Quote, table: str, turn_table: str, lease_set: str, se
         # only makes the item claimable again, as a worker's crash does, and the
         # worker's next synchronous commit makes it durable anyway. It saves an fsync
         # per claim: the milliseconds between new mail and its session.
-        f"{lease_set} FROM chosen, (SELECT set_config('synchronous_commit', 'off', true)) AS lease_commit "
-        f"WHERE {items}.{q('seq')} = chosen.seq "
-        f"RETURNING chosen.turn, -chosen.priority, chosen.wrapped, chosen.{channel}, {select_list}"
+        f"{lease_set} FROM ranked, (SELECT set_config('synchronous_commit', 'off', true)) AS lease_commit "
+        f"WHERE {items}.{q('seq')} = ranked.seq "
+        f"RETURNING ranked.turn, -ranked.priority, ranked.wrapped, ranked.{channel}, {select_list}"
     )
 
 
 def sqlite_fronts(cursor: Any, q: Quote, table: str, turn_table: str, at: Any, limit: int) -> dict[Any, Any]:
-    """Read every lane's front at ``at`` and return the ``limit`` items a claim takes,
-    ``seq`` to due time, in the order it takes them (``fair_order``); move the
-    channels' round-robin on to the channel served last."""
+    """Count each lane's due items, read each lane's share (``fair_shares``) and return
+    them, ``seq`` to due time, in the order the claim takes them (``fair_order``);
+    move the channels' round-robin on to the channel served last."""
     items, turns = q(table), q(turn_table)
     cursor.execute(f"SELECT {q('last_channel')} FROM {turns} WHERE {q('id')} = 1")
     found = cursor.fetchone()
     after = "" if found is None else found[0]
     cursor.execute(f"WITH RECURSIVE {lanes_sql(q, items)} SELECT channel, priority FROM lanes")
-    due = _due_in_lane_sql(q, items, "%s", "%s")
-    fronts: list[tuple[str, int, Any, Any]] = []
+    count = f"SELECT count(*) FROM ({_due_in_lane_sql(q, items, '%s', '%s', columns='1')}) AS front"
+    due_lanes = []
     for channel, priority in cursor.fetchall():
-        cursor.execute(due, [channel, priority, at, at, limit])
+        cursor.execute(count, [channel, priority, at, at, 1])
+        if cursor.fetchone()[0]:
+            due_lanes.append((channel, priority))
+    cap = count_cap(limit, len({channel for channel, _ in due_lanes}))
+    counted = []
+    for channel, priority in due_lanes:
+        if cap > 1:
+            cursor.execute(count, [channel, priority, at, at, cap])
+            counted.append((channel, priority, cursor.fetchone()[0]))
+        else:
+            counted.append((channel, priority, 1))
+    read = _due_in_lane_sql(q, items, "%s", "%s")
+    fronts: list[tuple[str, int, Any, Any]] = []
+    for (channel, priority), share in fair_shares(counted, limit=limit, after=after).items():
+        cursor.execute(read, [channel, priority, at, at, share])
         fronts.extend((channel, priority, due_at, seq) for seq, due_at in cursor.fetchall())
     taken = fair_order(fronts, limit=limit, lane=lambda f: (f[0], f[1]), place=lambda f: (f[2], f[3]), after=after)
     if taken:

@@ -126,20 +126,29 @@ def test_a_refused_enqueue_leaves_the_callers_transaction_usable(settings):
     assert Item.objects.count() == 1
 
 
-def test_claim_is_one_statement_on_postgresql_and_one_write_locked_transaction_on_sqlite(
+def test_claim_is_two_statements_on_postgresql_and_one_write_locked_transaction_on_sqlite(
     orm_store, django_assert_num_queries
 ):
-    add_due_items(orm_store, 5)
+    add_due_items(orm_store, 6)
     now = timezone.now()
-    orm_store.claim(
-        owner="w1", now=now - timedelta(days=1), lease_until=now, limit=1
-    )  # connects, reads the default level once
-    # SQLite, in the process: BEGIN IMMEDIATE, the round-robin's place, the lanes, the
-    # front of each (one here), their lease, the round-robin moved on, COMMIT.
-    with django_assert_num_queries(1 if connection.vendor == "postgresql" else 7) as queries:
+    # Connects, reads the default level once, and makes the round-robin's row.
+    assert len(orm_store.claim(owner="w1", now=now, lease_until=now + timedelta(minutes=1), limit=1)) == 1
+    # PostgreSQL: the lanes' due counts, then their shares locked and leased. SQLite, in
+    # the process: BEGIN IMMEDIATE, the round-robin's place, the lanes, a probe and a
+    # count of each (one lane here), its share, the lease, the round-robin moved on, COMMIT.
+    with django_assert_num_queries(2 if connection.vendor == "postgresql" else 9) as queries:
         assert len(orm_store.claim(owner="w1", now=now, lease_until=now + timedelta(minutes=1), limit=10)) == 5
     if connection.vendor == "sqlite":
         assert queries.captured_queries[0]["sql"] == "BEGIN IMMEDIATE"
+
+
+@pytest.mark.postgres
+def test_a_claim_of_an_idle_queue_is_one_statement_on_postgresql(orm_store, django_assert_num_queries):
+    now = timezone.now()
+    orm_store.add(NewItemFactory(created_at=now + timedelta(hours=1)))  # not due
+    orm_store.claim(owner="w1", now=now, lease_until=now, limit=1)  # connects
+    with django_assert_num_queries(1):
+        assert orm_store.claim(owner="w1", now=now, lease_until=now + timedelta(minutes=1), limit=10) == []
 
 
 @pytest.mark.postgres

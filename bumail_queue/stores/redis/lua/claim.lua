@@ -5,9 +5,11 @@ KEYS leases, items, turn; ARGV prefix, owner, now, expiry, limit.
 Leases to owner, until expiry, up to limit items due at now, in the order of
 items.fair_order: channels in turn, the higher priority first, then the channels
 round-robin from the one after turn (the channel the last claim ended with), which
-moves on to the channel served last. The candidates are the first limit due items of each lane's
-ready set (a lane's items no lease holds), and the items whose lease expired by now
-and whose next attempt has come. The expired leases are read whole: there are only
+moves on to the channel served last. It counts each lane's due items (ZCOUNT, in its
+ready set: the lane's items no lease holds), takes the items whose lease expired by
+now and whose next attempt has come, works out each one's share of the claim as
+items.fair_shares does, and reads only those: a ZCOUNT per lane and the items it
+takes, whatever the number of items due. The expired leases are read whole: there are only
 as many as the leases a crashed or stalled worker left behind, and the leased items
 retried later than their lease's end, until they are due. A lane whose ready set is
 gone leaves the lanes. An item whose hash is gone (evicted, or deleted by hand) is
@@ -26,29 +28,6 @@ local function drop(member, lane)
     redis.call('DEL', prefix .. 'message:' .. id)
 end
 
--- Each candidate: {member, due, priority, channel, lane (nil when leased)}.
-local candidates = {}
-for _, lane in ipairs(redis.call('SMEMBERS', prefix .. 'lanes')) do
-    local ready = prefix .. 'ready:' .. lane
-    if redis.call('EXISTS', ready) == 0 then
-        redis.call('SREM', prefix .. 'lanes', lane)
-    else
-        local priority, channel = string.match(lane, '^(-?%d+):(.*)$')
-        local front = redis.call('ZRANGEBYSCORE', ready, '-inf', ARGV[3], 'WITHSCORES', 'LIMIT', 0, limit)
-        for i = 1, #front, 2 do
-            candidates[#candidates + 1] = {front[i], tonumber(front[i + 1]), tonumber(priority), channel, lane}
-        end
-    end
-end
-for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])) do
-    local fields = redis.call('HMGET', prefix .. 'item:' .. string.sub(member, 18), 'next', 'priority', 'channel')
-    if not fields[1] then
-        drop(member, nil)
-    elseif tonumber(fields[1]) <= now then
-        candidates[#candidates + 1] = {member, tonumber(fields[1]), tonumber(fields[2] or '0'), fields[3] or 'default'}
-    end
-end
-
 -- Channel names compare byte by byte, as in every store (Lua's < follows the locale).
 local function byte_less(a, b)
     for i = 1, math.min(#a, #b) do
@@ -60,8 +39,114 @@ local function byte_less(a, b)
     return #a < #b
 end
 
--- items.fair_order: rank each channel's candidates, then take turns.
+-- The sources of due items, by channel: a lane's ready set with how many it has due
+-- (ZCOUNT, as far as the limit), or an item whose lease expired.
+local sources, totals = {}, {}
+local function add_source(channel, source)
+    sources[channel] = sources[channel] or {}
+    table.insert(sources[channel], source)
+    totals[channel] = math.min(limit, (totals[channel] or 0) + source.due)
+end
+for _, lane in ipairs(redis.call('SMEMBERS', prefix .. 'lanes')) do
+    local ready = prefix .. 'ready:' .. lane
+    if redis.call('EXISTS', ready) == 0 then
+        redis.call('SREM', prefix .. 'lanes', lane)
+    else
+        local due = redis.call('ZCOUNT', ready, '-inf', ARGV[3])
+        if due > 0 then
+            local priority, channel = string.match(lane, '^(-?%d+):(.*)$')
+            add_source(channel, {priority = tonumber(priority), due = math.min(due, limit), lane = lane})
+        end
+    end
+end
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])) do
+    local fields = redis.call('HMGET', prefix .. 'item:' .. string.sub(member, 18), 'next', 'priority', 'channel')
+    if not fields[1] then
+        drop(member, nil)
+    elseif tonumber(fields[1]) <= now then
+        add_source(fields[3] or 'default', {
+            priority = tonumber(fields[2] or '0'), due = 1, member = member, at = tonumber(fields[1]),
+        })
+    end
+end
+
+-- items.fair_shares: how many of each source the claim takes. The turns it reaches
+-- are the fewest whose items fill it, found by bisection.
 local after = redis.call('GET', KEYS[3]) or ''
+local available, turns = 0, limit
+for _, total in pairs(totals) do
+    available = available + total
+end
+if available > limit then
+    local low, high = 1, limit
+    while low < high do
+        local middle = math.floor((low + high) / 2)
+        local filled = 0
+        for _, total in pairs(totals) do
+            filled = filled + math.min(total, middle)
+        end
+        if filled >= limit then
+            high = middle
+        else
+            low = middle + 1
+        end
+    end
+    turns = low
+end
+local slots = {}
+for channel, list in pairs(sources) do
+    -- The higher priority first; an expired lease before a lane of its priority.
+    table.sort(list, function(a, b)
+        if a.priority ~= b.priority then
+            return a.priority > b.priority
+        end
+        return a.member ~= nil and b.member == nil
+    end)
+    local wrapped, turn = not byte_less(after, channel), 0
+    for _, source in ipairs(list) do
+        source.take = 0
+        for _ = 1, math.min(source.due, turns - turn) do
+            turn = turn + 1
+            slots[#slots + 1] = {
+                turn = turn, priority = source.priority, wrapped = wrapped, channel = channel, source = source,
+            }
+        end
+    end
+end
+table.sort(slots, function(a, b)
+    if a.turn ~= b.turn then
+        return a.turn < b.turn
+    end
+    if a.priority ~= b.priority then
+        return a.priority > b.priority
+    end
+    if a.wrapped ~= b.wrapped then
+        return b.wrapped
+    end
+    return byte_less(a.channel, b.channel)
+end)
+for i = 1, math.min(#slots, limit) do
+    slots[i].source.take = slots[i].source.take + 1
+end
+
+-- Each candidate: {member, due, priority, channel, lane (nil when leased)}: what each
+-- source gives, its first items due.
+local candidates = {}
+for channel, list in pairs(sources) do
+    for _, source in ipairs(list) do
+        if source.take > 0 and source.member then
+            candidates[#candidates + 1] = {source.member, source.at, source.priority, channel}
+        elseif source.take > 0 then
+            local front = redis.call('ZRANGEBYSCORE', prefix .. 'ready:' .. source.lane, '-inf', ARGV[3],
+                'WITHSCORES', 'LIMIT', 0, source.take)
+            for i = 1, #front, 2 do
+                candidates[#candidates + 1] = {front[i], tonumber(front[i + 1]), source.priority, channel, source.lane}
+            end
+        end
+    end
+end
+
+-- items.fair_order: rank the candidates of each channel, then take turns.
 local function before(a, b)
     if a[3] ~= b[3] then
         return a[3] > b[3]
