@@ -41,6 +41,7 @@ from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueSummary
 from . import orm_claims, orm_queries
 from .base import COMPLETE_TRIES, MESSAGE_HEAD_BYTES, QueueStore, WorkListener
 from .orm_database import (
+    ADD_FUNCTION,
     INSERT_COLUMNS,
     ITEM_COLUMNS,
     WAKE_CHANNEL,
@@ -48,6 +49,7 @@ from .orm_database import (
     aware,
     binding_cursor,
     check_database,
+    connection_facts,
     default_is_read_committed,
     id_text,
     prep_value,
@@ -62,6 +64,10 @@ _CLAIM_RACES = 50
 # The columns every new item starts with the same value in: the batch add writes them
 # in its statement rather than send a list of them.
 _STARTING_VALUES = {"attempts": "0", "delay_notified": "false", "rev": "0"}
+# The columns the add function takes, in its order (then the message).
+_FUNCTION_COLUMNS = (
+    "id", "key", "sender", "recipients", "size", "created_at", "next_attempt_at", "priority", "channel",
+)  # fmt: skip
 # The PostgreSQL type of each column the batch add sends a list of.
 _ARRAY_TYPES = {
     "id": "uuid", "key": "varchar", "sender": "text", "recipients": "jsonb", "size": "bigint",
@@ -280,15 +286,27 @@ class ORMStore(QueueStore):
             f"SELECT {self.quote('id')}, pg_notify('{WAKE_CHANNEL}', '') FROM new_item"
         )
 
+    @_built_once
+    def _add_function_sql(self) -> str:
+        # The casts name the function's own types, whatever the driver makes of a value.
+        types = ("uuid", "varchar", "text", "jsonb", "bigint", "timestamptz", "timestamptz", "smallint", "varchar")
+        return f"SELECT {ADD_FUNCTION}({', '.join(f'%s::{t}' for t in types)}, %s::bytea)"
+
     def _add_one_statement(self, new: NewItem) -> QueueItem:
         # The item and its message in one statement: one round trip, atomic by itself.
-        sql = self._add_one_sql()
-        params = [*self._insert_values(new), self._prep_message(new.message)]
+        # The migration's function when the database has it (its plan kept for the
+        # session: a third less of the database's time), the same as one WITH otherwise.
+        values = self._insert_values(new)
+        if connection_facts(self.connection).add_function:
+            sql = self._add_function_sql()
+            params = [*(values[INSERT_COLUMNS.index(c)] for c in _FUNCTION_COLUMNS), self._prep_message(new.message)]
+        else:
+            sql, params = self._add_one_sql(), [*values, self._prep_message(new.message)]
         for _ in range(_KEY_RACES):
             with self._writing(single_statement=True, binding=True) as cursor:
                 cursor.execute(sql, params)
                 row = cursor.fetchone()
-            if row is not None:
+            if row is not None and row[0] is not None:
                 return new.to_queue_item()
             # The key is taken: return its item, unless that item left the queue
             # between the two statements, in which case the key is free again.

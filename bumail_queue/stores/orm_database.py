@@ -7,6 +7,7 @@ PostgreSQL, and the values raw rows hold, which differ between the drivers.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sqlite3
 import uuid
@@ -45,23 +46,52 @@ def prep_value(column: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
 #: The NOTIFY channel that enqueues, retries and give-backs signal on PostgreSQL.
 WAKE_CHANNEL = "bumail_queue"
 
-# Whether a physical connection's default isolation is READ COMMITTED, asked once.
-_read_committed_by_connection: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+#: The function migration 0005 makes on PostgreSQL: an item and its message added in
+#: one call, whose plan PostgreSQL keeps for the session (see ``add_function``).
+ADD_FUNCTION = "bumail_queue_add"
+ADD_FUNCTION_SIGNATURE = (
+    f"{ADD_FUNCTION}(uuid, character varying, text, jsonb, bigint, timestamp with time zone, "
+    "timestamp with time zone, smallint, character varying, bytea)"
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConnectionFacts:
+    """What the store asks a physical connection once: its default isolation, and
+    whether the database has the add function (a database made without migrations,
+    as a test run with ``--nomigrations`` makes it, has not)."""
+
+    read_committed: bool
+    add_function: bool
+
+
+# The facts of each physical connection, asked once.
+_facts_by_connection: weakref.WeakKeyDictionary[Any, ConnectionFacts] = weakref.WeakKeyDictionary()
+
+
+def connection_facts(connection: BaseDatabaseWrapper) -> ConnectionFacts:
+    """Return the ``ConnectionFacts`` of ``connection``, asking its database once."""
+    if connection.vendor != "postgresql":
+        return ConnectionFacts(read_committed=True, add_function=False)
+    connection.ensure_connection()
+    raw = connection.connection
+    known = _facts_by_connection.get(raw)
+    if known is None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('default_transaction_isolation'), to_regprocedure(%s) IS NOT NULL",
+                [ADD_FUNCTION_SIGNATURE],
+            )
+            isolation, has_function = cursor.fetchone()
+        known = _facts_by_connection[raw] = ConnectionFacts(
+            read_committed=isolation == "read committed", add_function=bool(has_function)
+        )
+    return known
 
 
 def default_is_read_committed(connection: BaseDatabaseWrapper) -> bool:
     """Return whether a transaction begun on ``connection`` runs at READ COMMITTED."""
-    if connection.vendor != "postgresql":
-        return True
-    connection.ensure_connection()
-    raw = connection.connection
-    known = _read_committed_by_connection.get(raw)
-    if known is None:
-        with connection.cursor() as cursor:
-            cursor.execute("SHOW default_transaction_isolation")
-            known = cursor.fetchone()[0] == "read committed"
-        _read_committed_by_connection[raw] = known
-    return known
+    return connection_facts(connection).read_committed
 
 
 def check_database(connection: BaseDatabaseWrapper, alias: str) -> list[checks.CheckMessage]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 from collections import Counter
 from datetime import timedelta
@@ -9,6 +10,7 @@ from datetime import timedelta
 import pytest
 from django.core.mail import EmailMessage
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from bumail_queue.models import Item, Message
@@ -156,6 +158,38 @@ def test_enqueue_outside_a_transaction_is_one_statement_on_postgresql(orm_store,
     orm_store.add(NewItemFactory())  # connects, reads the default isolation level once
     with django_assert_num_queries(1):
         orm_store.add(NewItemFactory())
+
+
+@pytest.mark.postgres
+def test_an_enqueue_on_postgresql_is_one_call_of_the_migrations_function(orm_store):
+    orm_store.add(NewItemFactory())  # connects, reads the connection's facts once
+    first = NewItemFactory(key="order-7")
+    with CaptureQueriesContext(connection) as captured:
+        added = orm_store.add(first)
+        again = orm_store.add(NewItemFactory(key="order-7"))
+    assert [q["sql"].split("(")[0] for q in captured.captured_queries][:2] == ["SELECT bumail_queue_add"] * 2
+    assert again.id == added.id == first.id
+    assert orm_store.read_message(added.id) == first.message
+    assert Message.objects.count() == 2
+
+
+@pytest.mark.postgres
+def test_without_the_function_an_enqueue_is_one_statement_of_its_own(orm_store):
+    # As in a test database made without migrations: the store finds no function.
+    migration = importlib.import_module("bumail_queue.migrations.0005_priority_channel")
+    with connection.schema_editor() as editor:
+        migration.drop_add_function(None, editor)
+    connection.close()  # a new connection asks its facts anew
+    try:
+        orm_store.add(NewItemFactory())
+        with CaptureQueriesContext(connection) as captured:
+            added = orm_store.add(NewItemFactory(priority=3, channel="bulk"))
+        assert [q["sql"][:20] for q in captured.captured_queries] == ["WITH new_item AS (IN"]
+        assert (orm_store.get(added.id).priority, orm_store.get(added.id).channel) == (3, "bulk")
+    finally:
+        with connection.schema_editor() as editor:
+            migration.create_add_function(None, editor)
+        connection.close()
 
 
 def test_rows_written_by_the_orm_read_back_as_queue_items(orm_store):
