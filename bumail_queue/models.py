@@ -100,26 +100,6 @@ class Message(models.Model):
         return str(self.item_id)
 
 
-class ChannelTurn(models.Model):
-    """Where the channels' round-robin stands: the channel the last claim ended with.
-
-    One row. A claim serves first the channels whose names come after it, then the
-    others, so that channels with due mail are each served in turn even when there
-    are more of them than a claim takes items. The ORM store reads and moves it in
-    its claim; another claimer holding it meanwhile leaves it to that one.
-    """
-
-    id = models.PositiveSmallIntegerField(primary_key=True)
-    last_channel = models.CharField(_("last channel"), max_length=CHANNEL_MAX_LENGTH, blank=True, default="")
-
-    class Meta:
-        db_table = "bumail_queue_channel_turn"
-        verbose_name = _("channel turn")
-
-    def __str__(self) -> str:
-        return self.last_channel
-
-
 def item_from_row(row: dict[str, Any]) -> QueueItem:
     """Build a ``QueueItem`` from a row's column values (model ``__dict__`` or a raw row)."""
     recipients = row["recipients"]

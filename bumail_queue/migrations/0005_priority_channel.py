@@ -1,5 +1,5 @@
-"""Each item has a priority and a channel; the claim's lanes have an index, and the
-channels' round-robin a row; on PostgreSQL, an enqueue has a function.
+"""Each item has a priority and a channel, and the claim's lanes an index; on
+PostgreSQL, an enqueue has a function.
 
 On PostgreSQL 11 and later the two columns cost next to nothing however large the
 table: a column with a constant default is written in the catalogue, not in each row.
@@ -85,17 +85,6 @@ class Migration(migrations.Migration):
             index=models.Index(
                 fields=["channel", "priority", "next_attempt_at", "seq"], name="bumail_queue_items_lane"
             ),
-        ),
-        migrations.CreateModel(
-            name="ChannelTurn",
-            fields=[
-                ("id", models.PositiveSmallIntegerField(primary_key=True, serialize=False)),
-                ("last_channel", models.CharField(blank=True, default="", max_length=64, verbose_name="last channel")),
-            ],
-            options={
-                "verbose_name": "channel turn",
-                "db_table": "bumail_queue_channel_turn",
-            },
         ),
         migrations.RunPython(create_add_function, drop_add_function),
     ]

@@ -35,7 +35,7 @@ from bumail_queue.conf import QueueSettings
 from bumail_queue.errors import ErrorCode, QueueError, first_line
 from bumail_queue.estimates import planner_estimate
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
-from bumail_queue.models import ChannelTurn, Item, Message, item_from_row
+from bumail_queue.models import Item, Message, item_from_row
 from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueSummary, RetryResult
 
 from . import orm_claims, orm_queries
@@ -103,6 +103,8 @@ class ORMStore(QueueStore):
         self.items_table = Item._meta.db_table
         self.messages_table = Message._meta.db_table
         self._statements: dict[tuple[str, tuple[Any, ...]], str] = {}
+        # The channel this store's last claim ended with: where its round-robin stands.
+        self._last_channel = ""
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -455,16 +457,12 @@ class ORMStore(QueueStore):
 
     @_built_once
     def _count_sql(self) -> str:
-        return orm_claims.postgres_count_sql(self.quote, self.items_table, ChannelTurn._meta.db_table)
+        return orm_claims.postgres_count_sql(self.quote, self.items_table)
 
     @_built_once
     def _skip_locked_claim_sql(self) -> str:
         return orm_claims.postgres_claim_sql(
-            self.quote,
-            self.items_table,
-            ChannelTurn._meta.db_table,
-            self._lease_sql(),
-            self._select_list(self.quote(self.items_table)),
+            self.quote, self.items_table, self._lease_sql(), self._select_list(self.quote(self.items_table))
         )
 
     def _claim_skip_locked(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
@@ -477,15 +475,18 @@ class ORMStore(QueueStore):
             counted = cursor.fetchall()
         if not counted:
             return []
-        after = counted[0][3] or ""
-        shares = orm_claims.shares_of([(channel, priority, n) for channel, priority, n, _ in counted], limit, after)
-        channels, priorities, takes = (list(column) for column in zip(*shares, strict=True))
+        after = self._last_channel
+        channels, priorities, shares = (
+            list(column) for column in zip(*orm_claims.shares_of(counted, limit, after), strict=True)
+        )
         with self._writing(single_statement=True) as cursor:
             cursor.execute(
-                self._skip_locked_claim_sql(), [channels, priorities, takes, at, at, limit, after, owner, until, until]
+                self._skip_locked_claim_sql(), [channels, priorities, shares, at, at, limit, after, owner, until, until]
             )
             rows = cursor.fetchall()
         rows.sort(key=lambda row: row[:4])
+        if rows:
+            self._last_channel = rows[-1][3]
         return [row[4:] for row in rows]
 
     def _claim_write_locked(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
@@ -498,9 +499,7 @@ class ORMStore(QueueStore):
             with connection.cursor() as cursor:
                 cursor.execute("BEGIN IMMEDIATE")
                 try:
-                    due = orm_claims.sqlite_fronts(
-                        cursor, self.quote, self.items_table, ChannelTurn._meta.db_table, at, limit
-                    )
+                    due = orm_claims.sqlite_fronts(cursor, self.quote, self.items_table, at, limit, self._last_channel)
                     rows = self._lease_due(cursor, due, owner, until, at) if due else []
                 except BaseException:
                     cursor.execute("ROLLBACK")
@@ -509,7 +508,8 @@ class ORMStore(QueueStore):
         return rows
 
     def _lease_due(self, cursor: Any, due: dict[Any, Any], owner: str, until: Any, at: Any) -> builtins.list[Any]:
-        """Lease those of ``due`` still due and free; their rows, in ``due``'s order."""
+        """Lease those of ``due`` (``seq`` to due time and channel) still due and free; their
+        rows, in ``due``'s order. The round-robin moves on to the last one's channel."""
         q = self.quote
         sql = (
             f"{self._lease_sql()} WHERE {q('seq')} IN ({', '.join(['%s'] * len(due))}) "
@@ -518,7 +518,10 @@ class ORMStore(QueueStore):
         )
         cursor.execute(sql, [owner, until, until, *due, at, at])
         leased = {row[0]: row[1:] for row in cursor.fetchall()}
-        return [leased[seq] for seq in due if seq in leased]
+        taken = [seq for seq in due if seq in leased]
+        if taken:
+            self._last_channel = due[taken[-1]][1]
+        return [leased[seq] for seq in taken]
 
     def _claim_compare_and_set(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
         # Inside the caller's transaction (a test's, a deliver_due() in a view) the
@@ -528,9 +531,7 @@ class ORMStore(QueueStore):
         # them; it then reads again, so a lost race never reads as an empty queue.
         for _ in range(_CLAIM_RACES):
             with self.translated_errors(), self.connection.cursor() as cursor:
-                due = orm_claims.sqlite_fronts(
-                    cursor, self.quote, self.items_table, ChannelTurn._meta.db_table, at, limit
-                )
+                due = orm_claims.sqlite_fronts(cursor, self.quote, self.items_table, at, limit, self._last_channel)
             if not due:
                 return []
             with self._writing(single_statement=True) as cursor:

@@ -8,16 +8,17 @@ its items wait for later (retries, mail sent with ``at=``, leased items, whose
 
 1. finds the lanes by skipping through that index: the next lane is the first entry
    above the last one found, one probe each, whatever the number of items;
-2. reads the first ``limit`` due items at the front of each lane;
-3. orders them as ``items.fair_order`` does (channels in turn, the higher priority
-   first, then the earliest due, then the oldest) and leases the first ``limit``.
+2. counts each lane's due items, as far as the claim could take from it;
+3. works out each lane's share (``items.fair_shares``: channels in turn from the one
+   after the store's last claim, the higher priority first), reads exactly those,
+   earliest due first, and leases them.
 
-Its cost is one index probe per lane and ``limit`` index entries per lane with due
-items: logarithmic in the queue's size, linear in its lanes (``docs/stores.md``).
+Its cost is a probe or two per lane and the items it takes: logarithmic in the
+queue's size, linear in its lanes (``docs/stores.md``).
 
-On PostgreSQL the three steps are one statement (a recursive CTE, a ``LATERAL`` read
-per lane, a window function), whose row locks skip what another claimer holds. On
-SQLite they are a statement per lane under the database's write lock, in this process.
+On PostgreSQL the counts are one statement and the claim another, whose row locks
+skip what another claimer holds. On SQLite they are a statement per lane under the
+database's write lock, in this process.
 """
 
 from __future__ import annotations
@@ -70,15 +71,14 @@ def shares_of(counted: list[tuple[str, int, int]], limit: int, after: str) -> li
     ]
 
 
-def postgres_count_sql(q: Quote, table: str, turn_table: str) -> str:
+def postgres_count_sql(q: Quote, table: str) -> str:
     """The first of a claim's two statements on PostgreSQL: every lane with due items, and
-    how many (as far as a claim could take); where the channels' round-robin stands.
+    how many (as far as a claim could take from it).
 
     Parameters: now, now (has a lane due items), limit (the cap), now, now. A row per
-    lane with due items: its channel, its priority, its count, the round-robin's place;
-    no row when nothing is due.
+    lane with due items: its channel, its priority, its count; none when nothing is due.
     """
-    items, turns = q(table), q(turn_table)
+    items = q(table)
     due = _due_in_lane_sql(q, items, "lanes.channel", "lanes.priority", columns="1")
     return (
         f"WITH RECURSIVE {lanes_sql(q, items)}, "
@@ -86,24 +86,22 @@ def postgres_count_sql(q: Quote, table: str, turn_table: str) -> str:
         f"due_lanes AS (SELECT lanes.channel, lanes.priority FROM lanes "
         f"WHERE EXISTS ({due.replace('LIMIT %s', 'LIMIT 1')})), "
         f"cap AS (SELECT greatest(1, %s - count(DISTINCT channel) + 1) AS n FROM due_lanes) "
-        f"SELECT due_lanes.channel, due_lanes.priority, counted.n, "
-        f"(SELECT {q('last_channel')} FROM {turns} WHERE {q('id')} = 1) "
+        f"SELECT due_lanes.channel, due_lanes.priority, counted.n "
         f"FROM due_lanes, cap CROSS JOIN LATERAL (SELECT count(*) AS n FROM ("
         f"{due.replace('lanes.channel', 'due_lanes.channel').replace('lanes.priority', 'due_lanes.priority').replace('LIMIT %s', 'LIMIT cap.n')}"
         f") AS front) AS counted"
     )
 
 
-def postgres_claim_sql(q: Quote, table: str, turn_table: str, lease_set: str, select_list: str) -> str:
+def postgres_claim_sql(q: Quote, table: str, lease_set: str, select_list: str) -> str:
     """The second: each lane's share of the claim, locked, ordered and leased.
 
     Parameters, in order: the lanes' channels, priorities and shares (three arrays),
-    now, now, the claim's limit, the round-robin's place, then ``lease_set``'s owner,
-    expiry, expiry.
-    Each returned row is the item's place in the claim's order, then
-    ``select_list``'s columns.
+    now, now, the claim's limit, the channel the store's last claim ended with, then
+    ``lease_set``'s owner, expiry, expiry. Each returned row is the item's place in the
+    claim's order (its last value its channel), then ``select_list``'s columns.
     """
-    items, turns = q(table), q(turn_table)
+    items = q(table)
     # Each lane's share is locked as it is read, skipping rows another claimer holds:
     # two claimers read past each other, and neither waits. A row leased meanwhile
     # fails the re-check of its due time and lease, and the read goes on past it.
@@ -120,15 +118,7 @@ def postgres_claim_sql(q: Quote, table: str, turn_table: str, lease_set: str, se
         f"AS lane(channel, priority, share) CROSS JOIN LATERAL ({due}) AS front LIMIT %s), "
         f"ranked AS (SELECT seq, due_at, priority, channel, row_number() OVER "
         f"(PARTITION BY channel ORDER BY priority DESC, due_at, seq) AS turn, "
-        f'{channel} <= (%s::varchar COLLATE "C") AS wrapped FROM fronts), '
-        f"last_served AS (SELECT channel FROM ranked "
-        f"ORDER BY turn DESC, priority, wrapped DESC, {channel} DESC LIMIT 1), "
-        # The round-robin moves on to the channel served last; a claimer that finds
-        # another moving it meanwhile leaves it to that one rather than wait.
-        f"turn_moved AS (UPDATE {turns} SET {q('last_channel')} = last_served.channel FROM last_served "
-        f"WHERE {turns}.{q('id')} = (SELECT {q('id')} FROM {turns} WHERE {q('id')} = 1 FOR UPDATE SKIP LOCKED)), "
-        f"turn_made AS (INSERT INTO {turns} ({q('id')}, {q('last_channel')}) SELECT 1, channel FROM last_served "
-        f"WHERE NOT EXISTS (SELECT 1 FROM {turns}) ON CONFLICT ({q('id')}) DO NOTHING) "
+        f'{channel} <= (%s::varchar COLLATE "C") AS wrapped FROM fronts) '
         # The lease is committed without waiting for the disk (synchronous_commit off
         # for this statement's transaction alone): a lease a database crash forgets
         # only makes the item claimable again, as a worker's crash does, and the
@@ -140,14 +130,10 @@ def postgres_claim_sql(q: Quote, table: str, turn_table: str, lease_set: str, se
     )
 
 
-def sqlite_fronts(cursor: Any, q: Quote, table: str, turn_table: str, at: Any, limit: int) -> dict[Any, Any]:
+def sqlite_fronts(cursor: Any, q: Quote, table: str, at: Any, limit: int, after: str) -> dict[Any, Any]:
     """Count each lane's due items, read each lane's share (``fair_shares``) and return
-    them, ``seq`` to due time, in the order the claim takes them (``fair_order``);
-    move the channels' round-robin on to the channel served last."""
-    items, turns = q(table), q(turn_table)
-    cursor.execute(f"SELECT {q('last_channel')} FROM {turns} WHERE {q('id')} = 1")
-    found = cursor.fetchone()
-    after = "" if found is None else found[0]
+    them, ``seq`` to due time, in the order the claim takes them (``fair_order``)."""
+    items = q(table)
     cursor.execute(f"WITH RECURSIVE {lanes_sql(q, items)} SELECT channel, priority FROM lanes")
     count = f"SELECT count(*) FROM ({_due_in_lane_sql(q, items, '%s', '%s', columns='1')}) AS front"
     due_lanes = []
@@ -169,9 +155,4 @@ def sqlite_fronts(cursor: Any, q: Quote, table: str, turn_table: str, at: Any, l
         cursor.execute(read, [channel, priority, at, at, share])
         fronts.extend((channel, priority, due_at, seq) for seq, due_at in cursor.fetchall())
     taken = fair_order(fronts, limit=limit, lane=lambda f: (f[0], f[1]), place=lambda f: (f[2], f[3]), after=after)
-    if taken:
-        last = taken[-1][0]
-        cursor.execute(f"UPDATE {turns} SET {q('last_channel')} = %s WHERE {q('id')} = 1", [last])
-        if cursor.rowcount == 0:
-            cursor.execute(f"INSERT INTO {turns} ({q('id')}, {q('last_channel')}) VALUES (1, %s)", [last])
-    return {seq: due_at for _, _, due_at, seq in taken}
+    return {seq: (due_at, channel) for channel, _, due_at, seq in taken}

@@ -133,12 +133,12 @@ def test_claim_is_two_statements_on_postgresql_and_one_write_locked_transaction_
 ):
     add_due_items(orm_store, 6)
     now = timezone.now()
-    # Connects, reads the default level once, and makes the round-robin's row.
+    # Connects, reads the connection's facts once.
     assert len(orm_store.claim(owner="w1", now=now, lease_until=now + timedelta(minutes=1), limit=1)) == 1
     # PostgreSQL: the lanes' due counts, then their shares locked and leased. SQLite, in
-    # the process: BEGIN IMMEDIATE, the round-robin's place, the lanes, a probe and a
-    # count of each (one lane here), its share, the lease, the round-robin moved on, COMMIT.
-    with django_assert_num_queries(2 if connection.vendor == "postgresql" else 9) as queries:
+    # the process: BEGIN IMMEDIATE, the lanes, a probe and a count of each (one lane
+    # here), its share, the lease, COMMIT.
+    with django_assert_num_queries(2 if connection.vendor == "postgresql" else 7) as queries:
         assert len(orm_store.claim(owner="w1", now=now, lease_until=now + timedelta(minutes=1), limit=10)) == 5
     if connection.vendor == "sqlite":
         assert queries.captured_queries[0]["sql"] == "BEGIN IMMEDIATE"
