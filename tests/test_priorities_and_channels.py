@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.core import mail
 from django.core.mail import EmailMessage, send_mail, send_mass_mail
 from django.db import connection, transaction
 from django.test import override_settings
@@ -16,7 +17,7 @@ from bumail_queue.errors import ErrorCode, QueueConfigurationError, QueueError
 from bumail_queue.models import Item, Message
 from bumail_queue.stores import get_store
 from tests.helpers import smarthost, use_queue_backend
-from tests.test_backend import make_backend
+from tests.test_backend import BACKEND, HAS_MAILERS, make_backend
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -77,12 +78,23 @@ def test_five_messages_of_another_channel_behind_300_of_a_bulk_one_arrive_in_the
     )
 
 
-def test_send_mail_through_a_connection_with_a_priority_and_a_channel_goes_first(smtp_server, store_settings):
+def send_urgent(subject, to):
+    """send_mail() through a mailer whose options are a priority and a channel, as each
+    Django version configures one: a MAILERS alias on 6.1, get_connection() before."""
+    options = {"priority": 100, "channel": "alerts"}
+    if HAS_MAILERS:
+        mailers = {"default": {"BACKEND": BACKEND}, "urgent": {"BACKEND": BACKEND, "OPTIONS": options}}
+        with override_settings(MAILERS=mailers):
+            send_mail(subject, "Now.", "ops@example.com", [to], using="urgent")
+    else:
+        send_mail(subject, "Now.", "ops@example.com", [to], connection=mail.get_connection(BACKEND, **options))
+
+
+def test_send_mail_through_a_mailer_with_a_priority_and_a_channel_goes_first(smtp_server, store_settings):
     settings = smarthost(smtp_server, **store_settings, CLAIM_BATCH_SIZE=BATCH)
     with override_settings(BUMAIL_QUEUE=settings), use_queue_backend():
         send_mass_mail([(f"digest {n}", "Hello.", "app@example.com", [f"r{n}@example.org"]) for n in range(120)])
-        urgent = make_backend(priority=100, channel="alerts")
-        send_mail("disk full", "Now.", "ops@example.com", ["oncall@example.org"], connection=urgent)
+        send_urgent("disk full", "oncall@example.org")
         [item] = [i for i in get_store().list(limit=200) if i.channel == "alerts"]
         assert item.priority == 100
         queue.deliver_due()
