@@ -144,6 +144,27 @@ def _lane_from(request: HttpRequest) -> tuple[str | None, int | None]:
     return channel, priority
 
 
+def _lane_filters(
+    link: Callable[..., str], channel: str | None, priority: int | None, lanes: Sequence[tuple[str, int]]
+) -> list[tuple[str, str, list[tuple[Any, str, str, bool]]]]:
+    """The channel and priority filters, each once there is more than one value to
+    choose from (or one is chosen): ``(name, title, [(value, label, url, selected)])``."""
+    channels = sorted({c for c, _ in lanes} | ({channel} if channel else set()))
+    priorities = sorted({p for _, p in lanes} | ({priority} if priority is not None else set()), reverse=True)
+    filters = []
+    if len(channels) > 1 or channel:
+        choices = [(c, c, link(channel=c, p=1), channel == c) for c in channels]
+        filters.append(
+            ("channel", _("By channel"), [(None, _("All"), link(channel=None, p=1), channel is None), *choices])
+        )
+    if len(priorities) > 1 or priority is not None:
+        choices = [(p, str(p), link(priority=str(p), p=1), priority == p) for p in priorities]
+        filters.append(
+            ("priority", _("By priority"), [(None, _("All"), link(priority=None, p=1), priority is None), *choices])
+        )
+    return filters
+
+
 def _ids_from(request: HttpRequest) -> list[str]:
     # Ids no item can have are dropped here: they would only be "no longer queued".
     ids = []
@@ -273,10 +294,6 @@ class ItemAdmin(_ItemAdminBase):
             merged = {**params, **changes}
             return "?" + urlencode({k: v for k, v in merged.items() if v not in (None, "", 1)})
 
-        lanes = queue.store.lanes()
-        channels = sorted({lane_channel for lane_channel, _ in lanes} | ({channel} if channel else set()))
-        priorities = sorted({p for _, p in lanes} | ({priority} if priority is not None else set()), reverse=True)
-
         context = self._context(
             request,
             _("Queued mail"),
@@ -292,12 +309,7 @@ class ItemAdmin(_ItemAdminBase):
             params=params,
             state_choices=[(None, _("All"), link(state=None, p=1), state is None)]
             + [(s.value, s.label, link(state=s.value, p=1), state == s.value) for s in ItemState],
-            channel=channel,
-            channel_choices=[(None, _("All"), link(channel=None, p=1), channel is None)]
-            + [(c, c, link(channel=c, p=1), channel == c) for c in channels],
-            priority=priority,
-            priority_choices=[(None, _("All"), link(priority=None, p=1), priority is None)]
-            + [(p, str(p), link(priority=str(p), p=1), priority == p) for p in priorities],
+            lane_filters=_lane_filters(link, channel, priority, queue.store.lanes()),
             clear_url=link(state=None, domain=None, q=None, channel=None, priority=None, p=1) if filtered else None,
             actions=[(RETRY, _("Retry now"))] * self.has_change_permission(request)
             + [(CANCEL, _("Cancel…"))] * self.has_delete_permission(request),

@@ -39,6 +39,22 @@ local function byte_less(a, b)
     return #a < #b
 end
 
+-- The order of a claim's turns (items.fair_order): the turn, then the higher
+-- priority, then the channels round-robin from the one after `after` (those whose
+-- names come after it, then the others), each by name.
+local function in_turn_order(a, b)
+    if a.turn ~= b.turn then
+        return a.turn < b.turn
+    end
+    if a.priority ~= b.priority then
+        return a.priority > b.priority
+    end
+    if a.wrapped ~= b.wrapped then
+        return b.wrapped
+    end
+    return byte_less(a.channel, b.channel)
+end
+
 -- The sources of due items, by channel: a lane's ready set with how many it has due
 -- (ZCOUNT, as far as the limit), or an item whose lease expired.
 local sources, totals = {}, {}
@@ -113,84 +129,61 @@ for channel, list in pairs(sources) do
         end
     end
 end
-table.sort(slots, function(a, b)
-    if a.turn ~= b.turn then
-        return a.turn < b.turn
-    end
-    if a.priority ~= b.priority then
-        return a.priority > b.priority
-    end
-    if a.wrapped ~= b.wrapped then
-        return b.wrapped
-    end
-    return byte_less(a.channel, b.channel)
-end)
+table.sort(slots, in_turn_order)
 for i = 1, math.min(#slots, limit) do
     slots[i].source.take = slots[i].source.take + 1
 end
 
--- Each candidate: {member, due, priority, channel, lane (nil when leased)}: what each
--- source gives, its first items due.
-local candidates = {}
+-- What each source gives, its first items due, by channel: {member, due, priority,
+-- channel, lane (nil when leased)}.
+local by_channel = {}
 for channel, list in pairs(sources) do
+    by_channel[channel] = {}
     for _, source in ipairs(list) do
         if source.take > 0 and source.member then
-            candidates[#candidates + 1] = {source.member, source.at, source.priority, channel}
+            table.insert(by_channel[channel], {
+                member = source.member, due = source.at, priority = source.priority, channel = channel,
+            })
         elseif source.take > 0 then
             local front = redis.call('ZRANGEBYSCORE', prefix .. 'ready:' .. source.lane, '-inf', ARGV[3],
                 'WITHSCORES', 'LIMIT', 0, source.take)
             for i = 1, #front, 2 do
-                candidates[#candidates + 1] = {front[i], tonumber(front[i + 1]), source.priority, channel, source.lane}
+                table.insert(by_channel[channel], {
+                    member = front[i], due = tonumber(front[i + 1]), priority = source.priority, channel = channel,
+                    lane = source.lane,
+                })
             end
         end
     end
 end
 
--- items.fair_order: rank the candidates of each channel, then take turns.
-local function before(a, b)
-    if a[3] ~= b[3] then
-        return a[3] > b[3]
-    end
-    if a[2] ~= b[2] then
-        return a[2] < b[2]
-    end
-    return a[1] < b[1]
-end
-local by_channel = {}
-for _, candidate in ipairs(candidates) do
-    local channel = candidate[4]
-    by_channel[channel] = by_channel[channel] or {}
-    table.insert(by_channel[channel], candidate)
-end
+-- items.fair_order: rank each channel's items (the higher priority, the earliest due,
+-- the oldest first), then take turns.
 local ranked = {}
 for channel, list in pairs(by_channel) do
-    table.sort(list, before)
+    table.sort(list, function(a, b)
+        if a.priority ~= b.priority then
+            return a.priority > b.priority
+        end
+        if a.due ~= b.due then
+            return a.due < b.due
+        end
+        return a.member < b.member
+    end)
     local wrapped = not byte_less(after, channel)
-    for turn = 1, math.min(#list, limit) do
-        list[turn].turn = turn
-        list[turn].wrapped = wrapped
-        ranked[#ranked + 1] = list[turn]
+    for turn, candidate in ipairs(list) do
+        candidate.turn, candidate.wrapped = turn, wrapped
+        ranked[#ranked + 1] = candidate
     end
 end
-table.sort(ranked, function(a, b)
-    if a.turn ~= b.turn then
-        return a.turn < b.turn
-    end
-    if a[3] ~= b[3] then
-        return a[3] > b[3]
-    end
-    if a.wrapped ~= b.wrapped then
-        return b.wrapped
-    end
-    return byte_less(a[4], b[4])
-end)
+table.sort(ranked, in_turn_order)
 
 local claimed, last_channel = {}, nil
 for _, candidate in ipairs(ranked) do
     if #claimed >= limit then
         break
     end
-    local member, lane = candidate[1], candidate[5]
+    local member, lane = candidate.member, candidate.lane
     local item = prefix .. 'item:' .. string.sub(member, 18)
     if redis.call('EXISTS', item) == 0 then
         drop(member, lane)
@@ -203,7 +196,7 @@ for _, candidate in ipairs(ranked) do
         redis.call('ZADD', KEYS[1], expiry, member)
         redis.call('ZADD', KEYS[2], expiry, member)
         claimed[#claimed + 1] = redis.call('HGETALL', item)
-        last_channel = candidate[4]
+        last_channel = candidate.channel
     end
 end
 if last_channel then
