@@ -144,24 +144,26 @@ def _lane_from(request: HttpRequest) -> tuple[str | None, int | None]:
     return channel, priority
 
 
+#: A filter's choice as the list's template draws it: value, label, URL, selected.
+_Choice = tuple[Any, str, str, bool]
+
+
 def _lane_filters(
     link: Callable[..., str], channel: str | None, priority: int | None, lanes: Sequence[tuple[str, int]]
-) -> list[tuple[str, str, list[tuple[Any, str, str, bool]]]]:
+) -> list[tuple[str, str, list[_Choice]]]:
     """The channel and priority filters, each once there is more than one value to
     choose from (or one is chosen): ``(name, title, [(value, label, url, selected)])``."""
     channels = sorted({c for c, _ in lanes} | ({channel} if channel else set()))
     priorities = sorted({p for _, p in lanes} | ({priority} if priority is not None else set()), reverse=True)
-    filters = []
+    filters: list[tuple[str, str, list[_Choice]]] = []
     if len(channels) > 1 or channel:
-        choices = [(c, c, link(channel=c, p=1), channel == c) for c in channels]
-        filters.append(
-            ("channel", _("By channel"), [(None, _("All"), link(channel=None, p=1), channel is None), *choices])
-        )
+        by_channel: list[_Choice] = [(c, c, link(channel=c, p=1), channel == c) for c in channels]
+        every_channel: _Choice = (None, _("All"), link(channel=None, p=1), channel is None)
+        filters.append(("channel", _("By channel"), [every_channel, *by_channel]))
     if len(priorities) > 1 or priority is not None:
-        choices = [(p, str(p), link(priority=str(p), p=1), priority == p) for p in priorities]
-        filters.append(
-            ("priority", _("By priority"), [(None, _("All"), link(priority=None, p=1), priority is None), *choices])
-        )
+        by_priority: list[_Choice] = [(p, str(p), link(priority=str(p), p=1), priority == p) for p in priorities]
+        every_priority: _Choice = (None, _("All"), link(priority=None, p=1), priority is None)
+        filters.append(("priority", _("By priority"), [every_priority, *by_priority]))
     return filters
 
 
