@@ -569,7 +569,7 @@ def validate(raw: Any) -> list[Problem]:
     try:
         check_priority(dsn_priority, "BUMAIL_QUEUE['DSN_PRIORITY']")
     except QueueError as error:
-        check.add("bumail_queue.E025", "DSN_PRIORITY", error.message)
+        check.add("bumail_queue.E031", "DSN_PRIORITY", error.message)
     if not isinstance(raw.get("DELIVERY_LOG", DEFAULTS["DELIVERY_LOG"]), bool):
         check.add(
             "bumail_queue.E020",

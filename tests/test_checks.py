@@ -111,9 +111,9 @@ def test_the_check_command_reports_every_problem():
         ({**HOST, "POLL_SECONDS": 0}, "bumail_queue.E017"),
         ({**HOST, "UNREACHABLE_HOST_MEMORY": -300}, "bumail_queue.E021"),
         ({**HOST, "UNREACHABLE_HOST_MEMORY": "5m"}, "bumail_queue.E021"),
-        ({**HOST, "DSN_PRIORITY": 101}, "bumail_queue.E025"),
-        ({**HOST, "DSN_PRIORITY": "high"}, "bumail_queue.E025"),
-        ({**HOST, "DSN_PRIORITY": True}, "bumail_queue.E025"),
+        ({**HOST, "DSN_PRIORITY": 101}, "bumail_queue.E031"),
+        ({**HOST, "DSN_PRIORITY": "high"}, "bumail_queue.E031"),
+        ({**HOST, "DSN_PRIORITY": True}, "bumail_queue.E031"),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )
