@@ -27,13 +27,17 @@ module imports pytest; nothing else in ``bumail_queue`` does.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import threading
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db import connections
 
 from bumail_queue.errors import QueueError
 from bumail_queue.items import AttemptResult, NewItem, Outcome, QueueItem, Reply
@@ -135,6 +139,13 @@ def tried_once(
     recorded = store.complete(added.id, owner="tried-once", result=result(until, **outcomes))
     assert recorded is not None
     return recorded
+
+
+def _claims_by_id(store: QueueStore) -> None:
+    """Skip a claim-by-id test for a store that says it does not claim by id: its delivery
+    tasks run a pass over everything due instead (every built-in store claims by id)."""
+    if not store.claims_by_id:
+        pytest.skip(f"{type(store).__name__} does not claim by id (claims_by_id is False)")
 
 
 class StoreContract:
@@ -267,6 +278,79 @@ class StoreContract:
     def test_claim_with_an_empty_owner_is_invalid(self, store: QueueStore) -> None:
         with pytest.raises(QueueError) as error:
             store.claim(owner="", now=T0, lease_until=T0 + LEASE)
+        assert error.value.code == "INVALID"
+
+    # -- claim by id: the delivery tasks ------------------------------------------------
+
+    def test_claim_items_leases_the_named_due_items_oldest_first_and_no_other(self, store: QueueStore) -> None:
+        _claims_by_id(store)
+        older = store.add(new_item(next_attempt_at=T0 - timedelta(minutes=1)))
+        other = store.add(new_item(next_attempt_at=T0 - timedelta(minutes=5)))  # due earlier, not named
+        newer = store.add(new_item(next_attempt_at=T0 - timedelta(minutes=9)))
+        claimed = store.claim_items([newer.id, older.id], owner="task", now=T0, lease_until=T0 + LEASE)
+        assert [i.id for i in claimed] == [older.id, newer.id]
+        for item in claimed:
+            assert (item.lease_owner, item.lease_expires_at, item.next_attempt_at) == ("task", T0 + LEASE, T0 + LEASE)
+            assert store.get(item.id) == item
+        assert store.get(other.id).lease_owner is None
+        assert [i.id for i in store.claim(owner="w1", now=T0, lease_until=T0 + LEASE, limit=10)] == [other.id]
+
+    def test_claim_items_passes_over_items_not_due_leased_or_unknown(self, store: QueueStore) -> None:
+        _claims_by_id(store)
+        later = store.add(new_item(next_attempt_at=T0 + timedelta(seconds=1)))
+        leased = store.add(new_item())
+        assert claim_one(store, "w1").id == leased.id
+        due = store.add(new_item())
+        unknown = ["00000000-0000-4000-8000-000000000000", "not-an-id", "nul\x00", ""]
+        claimed = store.claim_items(
+            [later.id, leased.id, *unknown, due.id, due.id], owner="task", now=T0, lease_until=T0 + LEASE
+        )
+        assert [i.id for i in claimed] == [due.id]
+        assert store.get(later.id).lease_owner is None
+        assert store.get(leased.id).lease_owner == "w1"
+        assert store.claim_items([], owner="task", now=T0, lease_until=T0 + LEASE) == []
+
+    def test_of_two_claimers_naming_one_item_one_gets_it_until_its_lease_expires(self, store: QueueStore) -> None:
+        _claims_by_id(store)
+        added = store.add(new_item())
+        first = store.claim_items([added.id], owner="task-1", now=T0, lease_until=T0 + LEASE)
+        second = store.claim_items([added.id], owner="task-2", now=T0, lease_until=T0 + LEASE)
+        assert ([i.id for i in first], second) == ([added.id], [])
+        assert claim_one(store, "w1", now=T0 + LEASE - timedelta(seconds=1)) is None
+        again = store.claim_items([added.id], owner="task-2", now=T0 + LEASE, lease_until=T0 + 2 * LEASE)
+        assert [(i.id, i.lease_owner) for i in again] == [(added.id, "task-2")]
+
+    def test_claim_items_racing_in_threads_never_hands_an_item_out_twice(self, store: QueueStore) -> None:
+        _claims_by_id(store)
+        ids = [item.id for item in store.add_many([new_item() for _ in range(30)])]
+        start = threading.Barrier(4)
+
+        def claim(owner: str) -> builtins.list[str]:
+            try:
+                start.wait()
+                return [i.id for i in store.claim_items(ids, owner=owner, now=T0, lease_until=T0 + LEASE)]
+            finally:
+                connections.close_all()
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            got = list(pool.map(claim, ["t1", "t2", "t3", "t4"]))
+        handed_out = [item_id for claimed in got for item_id in claimed]
+        assert sorted(handed_out) == sorted(ids)
+
+    def test_an_item_claimed_by_id_is_completed_by_its_owner_only(self, store: QueueStore) -> None:
+        _claims_by_id(store)
+        added = store.add(new_item(recipients=["a@example.org"]))
+        store.claim_items([added.id], owner="task", now=T0, lease_until=T0 + LEASE)
+        with pytest.raises(QueueError) as error:
+            store.complete(added.id, owner="w1", result=result(T0, **{"a@example.org": (S.DELIVERED, OK)}))
+        assert error.value.code == "LEASE_LOST"
+        assert store.complete(added.id, owner="task", result=result(T0, **{"a@example.org": (S.DELIVERED, OK)}))
+        assert store.get(added.id) is None
+
+    def test_claim_items_with_an_empty_owner_is_invalid(self, store: QueueStore) -> None:
+        _claims_by_id(store)
+        with pytest.raises(QueueError) as error:
+            store.claim_items([str(uuid.uuid4())], owner="", now=T0, lease_until=T0 + LEASE)
         assert error.value.code == "INVALID"
 
     def test_retry_now_on_a_leased_item_keeps_the_lease(self, store: QueueStore) -> None:

@@ -18,6 +18,9 @@ Every store runs the same contract suite (``bumail_queue.testing.StoreContract``
   holding one is an id no item has.
 - ``retry_deferred`` and ``retry_items`` leave an item a lease holds alone, count no
   attempt, and never make an item due later than it was.
+- ``claim_items`` (where ``claims_by_id``) is ``claim`` restricted to the items named:
+  as atomic, and it takes only those due and free, so two claimers of one id never
+  both get it.
 """
 
 from __future__ import annotations
@@ -69,6 +72,10 @@ class QueueStore(abc.ABC):
     """Whether ``estimated_count`` may answer with an estimate (``exact=False``) rather
     than a count: the ORM store on a large PostgreSQL table does; Redis counts exactly."""
 
+    claims_by_id: ClassVar[bool] = False
+    """Whether ``claim_items`` is implemented (every built-in store's is). Without it, a
+    delivery task given item ids runs a bounded pass over everything due instead."""
+
     def __init__(self, settings: QueueSettings) -> None:
         self.settings = settings
 
@@ -117,6 +124,19 @@ class QueueStore(abc.ABC):
         The earliest due come first, then the oldest; an item is due when its
         ``next_attempt_at`` has passed and no unexpired lease holds it.
         """
+
+    def claim_items(
+        self, item_ids: Sequence[str], *, owner: str, now: datetime, lease_until: datetime
+    ) -> builtins.list[QueueItem]:
+        """Lease to ``owner`` until ``lease_until`` those of ``item_ids`` due at ``now``, as
+        ``claim`` does; return them, oldest first.
+
+        An id of no item, of an item not due yet, or of one an unexpired lease holds is
+        passed over: of two claimers naming the same item, one gets it. For the delivery
+        tasks, whose arguments are the ids of the mail they were sent for. A store
+        that implements it sets ``claims_by_id``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not claim items by id (claims_by_id is False).")
 
     @abc.abstractmethod
     def renew(self, item_id: str, *, owner: str, lease_until: datetime) -> bool:

@@ -28,6 +28,7 @@ class MemoryStore(QueueStore):
     """Keeps the queue in a dict behind one lock; ``QueueItem`` is frozen, so nothing leaks."""
 
     durable = False
+    claims_by_id = True
 
     def __init__(self, settings: QueueSettings) -> None:
         super().__init__(settings)
@@ -134,6 +135,22 @@ class MemoryStore(QueueStore):
                     entry.item, lease_owner=owner, lease_expires_at=lease_until, next_attempt_at=lease_until
                 )
                 claimed.append(self._copy(entry.item))
+            return claimed
+
+    def claim_items(
+        self, item_ids: Sequence[str], *, owner: str, now: datetime, lease_until: datetime
+    ) -> builtins.list[QueueItem]:
+        self.validate_owner(owner)
+        with self._lock:
+            named = [entry for item_id in set(item_ids) if (entry := self._entries.get(item_id)) is not None]
+            claimed: builtins.list[QueueItem] = []
+            for entry in sorted(named, key=lambda e: e.seq):
+                item = entry.item
+                if item.next_attempt_at <= now and not item.is_leased_at(now):
+                    entry.item = dataclasses.replace(
+                        item, lease_owner=owner, lease_expires_at=lease_until, next_attempt_at=lease_until
+                    )
+                    claimed.append(self._copy(entry.item))
             return claimed
 
     def _held(self, item_id: str, owner: str) -> _Entry | None:

@@ -95,6 +95,7 @@ class RedisStore(QueueStore):
     """
 
     supports_transactional_enqueue = False
+    claims_by_id = True
 
     def __init__(self, settings: QueueSettings) -> None:
         super().__init__(settings)
@@ -340,6 +341,19 @@ class RedisStore(QueueStore):
             limit,
         ]
         return [item_from_fields(pairs(fields)) for fields in self._run(scripts.CLAIM, "claim items", keys, args)]
+
+    def claim_items(
+        self, item_ids: Sequence[str], *, owner: str, now: datetime, lease_until: datetime
+    ) -> builtins.list[QueueItem]:
+        """One script for all of them."""
+        self.validate_owner(owner)
+        owns = list(dict.fromkeys(own for item_id in item_ids if (own := own_id(item_id)) is not None))
+        if not owns:
+            return []
+        keys = [self.keys.ready, self.keys.leases, self.keys.items]
+        args = [self.keys.prefix, owner, micros(now), micros(lease_until), *owns]
+        claimed = self._run(scripts.CLAIM_ITEMS, "claim items", keys, args)
+        return [item_from_fields(pairs(fields)) for fields in claimed]
 
     def renew(self, item_id: str, *, owner: str, lease_until: datetime) -> bool:
         self.validate_owner(owner)
