@@ -19,6 +19,22 @@ class BumailQueueConfig(AppConfig):
         delivery_log.connect()
         # Here rather than in conf, which the stores import: conf imports no store.
         setting_changed.connect(_rebuild_store, dispatch_uid="bumail_queue.rebuild_store")
+        _register_celery_task()
+
+
+def _register_celery_task() -> None:
+    """With ``TASKS`` naming Celery, register its delivery task in this process (a web
+    process sends it, the Celery worker runs it), whether or not the project's Celery
+    app autodiscovers tasks. No framework is imported otherwise."""
+    from .conf import get_settings
+    from .errors import QueueConfigurationError
+
+    try:
+        tasks = get_settings().tasks
+    except QueueConfigurationError:
+        return  # the checks report it
+    if tasks is not None and tasks.framework == "celery":
+        from .tasks import celery  # noqa: F401 - registers bumail_queue.deliver_due
 
 
 def _rebuild_store(*, setting: str, **kwargs: Any) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import importlib.util
 import ipaddress
 import math
 import re
@@ -74,6 +75,9 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     # The delivery log: each recipient's outcome, kept after the item left the queue.
     "DELIVERY_LOG": True,
     "DELIVERY_LOG_RETENTION": timedelta(days=30),
+    # A task framework to send a delivery task to on commit of each enqueue
+    # (docs/tasks.md): None (off), "django", "celery", or a dict with FRAMEWORK.
+    "TASKS": None,
 }
 
 #: RFC 5321 §4.5.3.2's timeouts, in seconds; ``TIMEOUTS`` overrides any of them.
@@ -95,6 +99,19 @@ BUILTIN_STORES: Final = {
     "memory": "bumail_queue.stores.memory.MemoryStore",
     "redis": "bumail_queue.stores.redis.RedisStore",
 }
+
+#: The task frameworks ``TASKS`` may name, each with the module of its delivery task.
+TASK_FRAMEWORKS: Final = {
+    "django": "bumail_queue.tasks.django",
+    "celery": "bumail_queue.tasks.celery",
+}
+#: What each framework needs importable: Django 6's own module, or the backport.
+_TASK_FRAMEWORK_MODULES: Final = {"django": ("django.tasks", "django_tasks"), "celery": ("celery",)}
+_TASK_KEYS: Final = {
+    "django": {"FRAMEWORK", "BACKEND", "QUEUE", "CLAIM_SECONDS"},
+    "celery": {"FRAMEWORK", "QUEUE", "CLAIM_SECONDS"},
+}
+DEFAULT_TASK_CLAIM_SECONDS: Final = 60.0
 
 ROUTE_TYPES: Final = ("mx", "smarthost")
 TLS_MODES: Final = ("starttls", "implicit", "none")
@@ -170,6 +187,17 @@ class Timeouts:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class TaskSettings:
+    """``TASKS``: the framework the delivery tasks are sent to, and how (docs/tasks.md)."""
+
+    framework: str  # a key of TASK_FRAMEWORKS
+    module: str  # the module of its delivery task
+    backend: str = "default"  # the django.tasks backend alias
+    queue: str | None = None  # None: the framework's own default (or Celery's routes)
+    claim_seconds: float = DEFAULT_TASK_CLAIM_SECONDS
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class QueueSettings:
     """The validated ``BUMAIL_QUEUE``; see ``docs/settings.md`` for each field."""
 
@@ -206,6 +234,7 @@ class QueueSettings:
     poll_seconds: float
     delivery_log: bool
     delivery_log_retention: timedelta | None
+    tasks: TaskSettings | None = None
 
     @property
     def lease(self) -> timedelta:
@@ -568,7 +597,76 @@ def validate(raw: Any) -> list[Problem]:
         )
     if raw.get("DELIVERY_LOG_RETENTION", DEFAULTS["DELIVERY_LOG_RETENTION"]) is not None:
         check.duration(raw, "DELIVERY_LOG_RETENTION", "bumail_queue.E020")
+    for problem in _task_problems(raw.get("TASKS")):
+        check.add("bumail_queue.E025", "TASKS", f"BUMAIL_QUEUE['TASKS'] {problem}.")
     return check.problems
+
+
+def _task_problems(value: Any) -> list[str]:
+    """What is wrong with ``TASKS``; finding the framework imports nothing of it."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = {"FRAMEWORK": value}
+    if not isinstance(value, Mapping):
+        return [f"must be None, 'django', 'celery' or a dict with 'FRAMEWORK'; got {value!r}"]
+    framework = value.get("FRAMEWORK")
+    if framework not in TASK_FRAMEWORKS:
+        return [f"names the framework {framework!r}; it must be one of {', '.join(map(repr, TASK_FRAMEWORKS))}"]
+    problems = [
+        f"has a key a {framework!r} set-up does not take: {key!r} (allowed: {', '.join(sorted(_TASK_KEYS[framework]))})"
+        for key in sorted(set(value) - _TASK_KEYS[framework], key=repr)
+    ]
+    for key in ("BACKEND", "QUEUE"):
+        if key in value and not (isinstance(value[key], str) and value[key]):
+            problems.append(f"['{key}'] must be a non-empty string; got {value[key]!r}")
+    seconds = value.get("CLAIM_SECONDS", DEFAULT_TASK_CLAIM_SECONDS)
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds <= 3600:
+        problems.append(f"['CLAIM_SECONDS'] must be a number of seconds above 0 and at most 3600; got {seconds!r}")
+    if not any(_importable(module) for module in _TASK_FRAMEWORK_MODULES[framework]):
+        problems.append(_missing_framework(framework))
+    elif framework == "django":
+        problems += _django_task_backend_problems(value.get("BACKEND", "default"))
+    return problems
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # its parent package is missing
+        return False
+
+
+def _missing_framework(framework: str) -> str:
+    if framework == "celery":
+        return "names Celery, which is not installed: pip install 'bumail_queue[celery]'"
+    return (
+        "names django.tasks, which Django 6.0 brings and Django 5.2 has from the django-tasks package: "
+        "pip install 'bumail_queue[tasks]', or upgrade Django"
+    )
+
+
+def _django_task_backend_problems(backend: Any) -> list[str]:
+    if not isinstance(backend, str) or not backend:
+        return []  # said above
+    # Django's TASKS (and the backport's) default to one "default" backend.
+    aliases = getattr(django_settings, "TASKS", None) or {"default": {}}
+    if backend in aliases:
+        return []
+    return [f"['BACKEND'] is {backend!r}, which is not an alias of the TASKS setting ({', '.join(map(repr, aliases))})"]
+
+
+def _tasks_from(raw: Any) -> TaskSettings | None:
+    if raw is None:
+        return None
+    value = {"FRAMEWORK": raw} if isinstance(raw, str) else raw
+    return TaskSettings(
+        framework=value["FRAMEWORK"],
+        module=TASK_FRAMEWORKS[value["FRAMEWORK"]],
+        backend=value.get("BACKEND", "default"),
+        queue=value.get("QUEUE"),
+        claim_seconds=float(value.get("CLAIM_SECONDS", DEFAULT_TASK_CLAIM_SECONDS)),
+    )
 
 
 def _check_dkim(check: _Validator, raw: Mapping[str, Any]) -> None:
@@ -689,6 +787,7 @@ def load(raw: Any) -> QueueSettings:
         delivery_log_retention=None
         if values["DELIVERY_LOG_RETENTION"] is None
         else _as_timedelta(values["DELIVERY_LOG_RETENTION"]),
+        tasks=_tasks_from(values["TASKS"]),
     )
 
 

@@ -135,7 +135,12 @@ class Worker:
         clock: Clock = timezone.now,
         rng: random.Random | None = None,
         enqueue: Enqueue | None = None,
+        item_ids: Sequence[str] | None = None,
+        claim_seconds: float | None = None,
     ) -> None:
+        """``item_ids``: claim only those items (``QueueStore.claim_items``), each once if
+        due and free, rather than whatever is due. ``claim_seconds``: after the first
+        claim, stop once this long has passed, as ``stop()`` does (a task's bounded run)."""
         self.settings = settings or get_settings()
         self.store = store or get_store()
         self.owner = owner or default_owner()
@@ -178,6 +183,9 @@ class Worker:
         # Set while no session is under way: the recorder stops waiting for more.
         self._sessions_idle = threading.Event()
         self._sessions_idle.set()
+        # The ids still to claim, when this worker was given ids rather than the queue.
+        self._ids_to_claim = None if item_ids is None else list(dict.fromkeys(item_ids))
+        self._claim_until = None if claim_seconds is None else time.monotonic() + claim_seconds
 
     def _default_transport(self) -> Transport:
         from bumail_queue.delivery.smtp import SMTPTransport
@@ -271,6 +279,11 @@ class Worker:
             close_broken_connections()
             claimed = self._claim()
             self._start_what_fits(pool)
+            if self._claim_until is not None and time.monotonic() >= self._claim_until:
+                # A bounded run: what was claimed and not started is given back, due at once.
+                logger.info("claim time over owner=%s", self.owner, extra={"action": "stop"})
+                self.stop()
+                return
             if claimed and not self._drained:
                 continue
             with self._changed:
@@ -313,7 +326,7 @@ class Worker:
         until = now + self.settings.lease
         limit = self.settings.claim_batch_size
         try:
-            claimed = self.store.claim(owner=self.owner, now=now, lease_until=until, limit=limit)
+            claimed, drained = self._claim_batch(now, until, limit)
         except QueueError as error:
             self.stats.store_errors += 1
             report_error(error, None)
@@ -321,12 +334,22 @@ class Worker:
             return []
         prefetched = self._prefetch(claimed)
         with self._changed:
-            self._drained = len(claimed) < limit
+            self._drained = drained
             self._waiting.extend((item, self._limit_keys(item)) for item in claimed)
             self._prefetched.update(prefetched)
             for item in claimed:
                 self._lease_until[item.id] = until
         return claimed
+
+    def _claim_batch(self, now: datetime, until: datetime, limit: int) -> tuple[list[QueueItem], bool]:
+        """Claim up to ``limit`` items; return them and whether nothing more is to claim."""
+        if self._ids_to_claim is None:
+            claimed = self.store.claim(owner=self.owner, now=now, lease_until=until, limit=limit)
+            return claimed, len(claimed) < limit
+        batch = self._ids_to_claim[:limit]
+        claimed = self.store.claim_items(batch, owner=self.owner, now=now, lease_until=until) if batch else []
+        del self._ids_to_claim[: len(batch)]  # after the claim: a store error leaves them to try again
+        return claimed, not self._ids_to_claim
 
     def _prefetch(self, claimed: list[QueueItem]) -> dict[str, bytes]:
         # One query for a claim's messages, instead of one per session in the threads
