@@ -9,7 +9,6 @@ import io
 import json
 import subprocess
 import sys
-import uuid
 from datetime import timedelta
 
 import pytest
@@ -19,7 +18,6 @@ from django.core.management.base import SystemCheckError
 from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
-from django_redis import get_redis_connection
 
 from bumail_queue import queue
 from bumail_queue.conf import validate
@@ -27,7 +25,6 @@ from bumail_queue.errors import QueueError
 from bumail_queue.items import AttemptResult, Outcome, RecipientStatus, Reply
 from bumail_queue.stores import get_store
 from bumail_queue.tasks import run
-from tests.conftest import REDIS_ALIAS
 from tests.helpers import ROOT, smarthost, use_queue_backend
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -210,26 +207,6 @@ def test_a_backend_that_refuses_the_task_leaves_the_mail_queued_and_says_so(smtp
 # -- Celery: the task reaches the broker on commit ----------------------------------------
 
 
-@pytest.fixture
-def celery_broker(smtp_server):
-    """A Celery app on the test Redis under a prefix and queue of this test's own."""
-    from tests.celery_app import make_app
-
-    prefix, queue_name = f"bumail:test:{uuid.uuid4().hex[:12]}:celery:", f"bumail-{uuid.uuid4().hex[:8]}"
-    app = make_app(prefix=prefix, queue=queue_name)
-    app.set_current()
-    app.set_default()
-    client = get_redis_connection(REDIS_ALIAS)
-    try:
-        with override_settings(BUMAIL_QUEUE=smarthost(smtp_server, TASKS={"FRAMEWORK": "celery", "QUEUE": queue_name})):
-            yield client, f"{prefix}{queue_name}"
-    finally:
-        app.close()
-        keys = list(client.scan_iter(match=f"{prefix}*"))
-        if keys:
-            client.delete(*keys)
-
-
 def broker_messages(client, key):
     """The (task name, args) of each message waiting in a Celery queue on Redis."""
     found = []
@@ -241,8 +218,14 @@ def broker_messages(client, key):
 
 
 @pytest.mark.redis
-def test_celery_gets_the_item_ids_on_commit_and_nothing_on_rollback(celery_broker):
-    client, key = celery_broker
+def test_celery_gets_the_item_ids_on_commit_and_nothing_on_rollback(smtp_server, celery_broker):
+    client, key = celery_broker.client, celery_broker.key
+    tasks = {"FRAMEWORK": "celery", "QUEUE": celery_broker.queue}
+    with override_settings(BUMAIL_QUEUE=smarthost(smtp_server, TASKS=tasks)):
+        celery_sends_on_commit_only(client, key)
+
+
+def celery_sends_on_commit_only(client, key):
     with pytest.raises(RollbackError), transaction.atomic():
         queue.enqueue(RAW, sender="app@example.com", recipients=["ann@example.org"])
         raise RollbackError
@@ -255,9 +238,14 @@ def test_celery_gets_the_item_ids_on_commit_and_nothing_on_rollback(celery_broke
 
 
 @pytest.mark.redis
-def test_celery_leaves_mail_due_later_to_beat(celery_broker):
-    client, key = celery_broker
-    queue.enqueue(RAW, sender="app@example.com", recipients=["ann@example.org"], at=timezone.now() + timedelta(hours=1))
+def test_celery_leaves_mail_due_later_to_beat(smtp_server, celery_broker):
+    client, key = celery_broker.client, celery_broker.key
+    with override_settings(
+        BUMAIL_QUEUE=smarthost(smtp_server, TASKS={"FRAMEWORK": "celery", "QUEUE": celery_broker.queue})
+    ):
+        queue.enqueue(
+            RAW, sender="app@example.com", recipients=["ann@example.org"], at=timezone.now() + timedelta(hours=1)
+        )
     assert broker_messages(client, key) == []
 
 
