@@ -20,6 +20,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from bumail_queue import queue
+from bumail_queue.checks import check_settings
 from bumail_queue.conf import validate
 from bumail_queue.errors import QueueError
 from bumail_queue.items import AttemptResult, Outcome, RecipientStatus, Reply
@@ -88,13 +89,18 @@ def test_a_right_tasks_setting_is_valid(tasks):
         ("django", ["django.tasks", "django_tasks"], "pip install 'bumail_queue[tasks]', or upgrade Django"),
     ],
 )
-def test_a_framework_that_is_not_installed_fails_the_check_command(monkeypatch, framework, missing, said):
+def test_a_framework_that_is_not_installed_is_e025(monkeypatch, framework, missing, said):
     for module in missing:
         monkeypatch.setitem(sys.modules, module, None)  # what the interpreter does for a module it cannot find
-    with override_settings(BUMAIL_QUEUE={**HOST, "TASKS": framework}), pytest.raises(SystemCheckError) as info:
+    with override_settings(BUMAIL_QUEUE={**HOST, "TASKS": framework}):
+        errors = check_settings(None)
+    assert [(e.id, said in e.msg) for e in errors] == [("bumail_queue.E025", True)]
+
+
+def test_the_check_command_fails_on_a_wrong_tasks_setting():
+    with override_settings(BUMAIL_QUEUE={**HOST, "TASKS": "rq"}), pytest.raises(SystemCheckError) as info:
         call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
     assert "bumail_queue.E025" in str(info.value)
-    assert said in str(info.value)
 
 
 def test_with_tasks_off_no_framework_is_imported():
