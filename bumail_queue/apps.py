@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from django.apps import AppConfig
+from django.conf import settings
 from django.core.signals import setting_changed
 from django.utils.translation import gettext_lazy as _
 
@@ -25,16 +27,13 @@ class BumailQueueConfig(AppConfig):
 def _register_celery_task() -> None:
     """With ``TASKS`` naming Celery, register its delivery task in this process (a web
     process sends it, the Celery worker runs it), whether or not the project's Celery
-    app autodiscovers tasks. No framework is imported otherwise."""
-    from .conf import get_settings
-    from .errors import QueueConfigurationError
+    app autodiscovers tasks. No framework is imported otherwise, and nothing else of
+    the settings is read here: the checks report what is wrong with them."""
+    from .conf import task_framework
 
-    try:
-        tasks = get_settings().tasks
-    except QueueConfigurationError:
-        return  # the checks report it
-    if tasks is not None and tasks.framework == "celery":
-        from .tasks import celery  # noqa: F401 - registers bumail_queue.deliver_due
+    if task_framework(getattr(settings, "BUMAIL_QUEUE", {})) == "celery":
+        with contextlib.suppress(ImportError):  # Celery missing: bumail_queue.E025 says so
+            from .tasks import celery  # noqa: F401 - registers bumail_queue.deliver_due
 
 
 def _rebuild_store(*, setting: str, **kwargs: Any) -> None:

@@ -630,6 +630,14 @@ def _task_problems(value: Any) -> list[str]:
     return problems
 
 
+def task_framework(raw: Any) -> str | None:
+    """The framework a raw ``BUMAIL_QUEUE`` names in ``TASKS``, read without validating
+    the rest (``None``: off, or a value ``validate()`` refuses)."""
+    value = raw.get("TASKS") if isinstance(raw, Mapping) else None
+    framework = value.get("FRAMEWORK") if isinstance(value, Mapping) else value
+    return framework if isinstance(framework, str) and framework in TASK_FRAMEWORKS else None
+
+
 def _importable(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None

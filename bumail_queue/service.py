@@ -297,9 +297,9 @@ class QueueService:
         ``ids``: deliver those items only, each if it is due and no lease holds it (a
         duplicate call delivers nothing twice); a store that does not claim by id
         (``claims_by_id``) runs the whole pass instead. ``claim_seconds``: stop
-        claiming once that long has passed since the first claim, give back what was
-        claimed but not started (due at once), and return when the sessions under way
-        end. With ``TASKS`` on, the DSNs the pass sends are queued through ``enqueue``,
+        claiming once that long has passed since the pass began (one claim at least),
+        give back what was claimed but not started (due at once), and return when the
+        sessions under way end. With ``TASKS`` on, the DSNs the pass sends are queued through ``enqueue``,
         so that each has its delivery task too.
         """
         from .worker import Worker

@@ -139,8 +139,9 @@ class Worker:
         claim_seconds: float | None = None,
     ) -> None:
         """``item_ids``: claim only those items (``QueueStore.claim_items``), each once if
-        due and free, rather than whatever is due. ``claim_seconds``: after the first
-        claim, stop once this long has passed, as ``stop()`` does (a task's bounded run)."""
+        due and free, rather than whatever is due. ``claim_seconds``: once this long
+        has passed since the worker was made, stop after the claim under way, as
+        ``stop()`` does (a task's bounded run; one claim at least)."""
         self.settings = settings or get_settings()
         self.store = store or get_store()
         self.owner = owner or default_owner()
