@@ -52,7 +52,7 @@ class QueueCollector(Collector):
 
     def describe(self) -> list[Metric]:
         """Name the families without reading the store (registration reads nothing)."""
-        return [*_queue_families(), _log_family()]
+        return [_up_family(), *_queue_families(), _log_family()]
 
     def collect(self) -> Iterator[Metric]:
         now = self._clock()
@@ -65,9 +65,7 @@ class QueueCollector(Collector):
                 connections.close_all()
 
     def _queue(self, now: datetime) -> Iterator[Metric]:
-        up = GaugeMetricFamily(
-            "bumail_queue_store_up", "1 when the queue's store answered this scrape, 0 when it could not be read."
-        )
+        up = _up_family()
         try:
             gauges = self._store().gauges(now=now)
         except QueueError as error:
@@ -90,6 +88,12 @@ class QueueCollector(Collector):
         for status, count in counts.items():
             family.add_metric([status], count)
         yield family
+
+
+def _up_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        "bumail_queue_store_up", "1 when the queue's store answered this scrape, 0 when it could not be read."
+    )
 
 
 def _queue_families(gauges: QueueGauges | None = None) -> list[Metric]:
