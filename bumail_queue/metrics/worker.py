@@ -23,10 +23,11 @@ OTHER_DOMAIN = "other"
 #: One item's attempt: a reused connection's transaction takes milliseconds, a slow
 #: server's session minutes (``TIMEOUTS``' SESSION is 30).
 SESSION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
-#: Enqueue to delivery: seconds when all goes well, hours to days through retries
-#: (``MAX_AGE`` is 5 days by default, 432,000 s).
+#: Enqueue to delivery: under a second when all goes well, hours to days through
+#: retries (``MAX_AGE`` is 5 days by default, 432,000 s).
 DELIVERY_BUCKETS = (
-    1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 28800, 43200, 86400, 172800, 259200, 432000, 604800,
+    0.1, 0.25, 0.5, 1, 2.5, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 28800, 43200, 86400, 172800,
+    259200, 432000, 604800,
 )  # fmt: skip
 #: Items per claim; 0 is an idle worker's poll (``CLAIM_BATCH_SIZE`` is 50 by default).
 CLAIM_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)

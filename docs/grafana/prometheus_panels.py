@@ -53,9 +53,10 @@ def main() -> None:
             executable_path=os.environ.get("BUMAIL_CHROMIUM", "/usr/bin/chromium"), headless=True, args=["--no-sandbox"]
         )
         page = browser.new_page(viewport={"width": 1280, "height": 800})
-        page.goto(graph_url(args.prometheus, queries, args.range))
-        page.wait_for_selector("canvas", timeout=30_000)
+        page.goto(graph_url(args.prometheus, queries, args.range))  # the graph page: rickshaw draws SVG
+        page.wait_for_selector(".rickshaw_graph svg path, canvas", timeout=30_000)
         page.wait_for_timeout(3000)  # every graph's query answered and drawn
+        page.add_style_tag(content=".navbar { position: static !important; }")  # not across the page's middle
         page.screenshot(path=args.out, full_page=True)
         browser.close()
     print(f"{len(queries)} panels: {', '.join(title for title, _ in queries)} -> {args.out}")  # noqa: T201 - a script's report
