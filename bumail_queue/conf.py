@@ -78,6 +78,10 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     # A task framework to send a delivery task to on commit of each enqueue
     # (docs/tasks.md): None (off), "django", "celery", or a dict with FRAMEWORK.
     "TASKS": None,
+    # Prometheus metrics (docs/metrics.md): the recipient domains that get a label of
+    # their own (every other is "other"), and the bearer token of the metrics view.
+    "METRICS_DOMAINS": [],
+    "METRICS_TOKEN": None,
 }
 
 #: RFC 5321 §4.5.3.2's timeouts, in seconds; ``TIMEOUTS`` overrides any of them.
@@ -124,6 +128,12 @@ _HOSTNAME = re.compile(
 )
 _REDIS_PREFIX = re.compile(r"[a-z][a-z0-9_:.\-]{0,39}")
 _PORT = re.compile(r"[0-9]{1,5}")
+#: The most ``METRICS_DOMAINS`` a project may name: each is a label value of every
+#: worker's attempt counters, and Prometheus keeps a series per value.
+MAX_METRICS_DOMAINS: Final = 50
+#: The shortest ``METRICS_TOKEN``: 16 characters, guessed by no one.
+MIN_METRICS_TOKEN: Final = 16
+_TOKEN = re.compile(r"[\x21-\x7e]+")
 # Durations beyond this are a mistake (and beyond what a timer or timedelta holds).
 _MAX_DURATION_SECONDS = 10 * 366 * 24 * 3600
 # The longest a step may wait: 2**31 - 1 ms (about 24 days), the most a timer of
@@ -235,6 +245,8 @@ class QueueSettings:
     delivery_log: bool
     delivery_log_retention: timedelta | None
     tasks: TaskSettings | None = None
+    metrics_domains: frozenset[str] = frozenset()
+    metrics_token: str | None = dataclasses.field(default=None, repr=False)
 
     @property
     def lease(self) -> timedelta:
@@ -599,6 +611,7 @@ def validate(raw: Any) -> list[Problem]:
         check.duration(raw, "DELIVERY_LOG_RETENTION", "bumail_queue.E020")
     for problem in _task_problems(raw.get("TASKS")):
         check.add("bumail_queue.E025", "TASKS", f"BUMAIL_QUEUE['TASKS'] {problem}.")
+    _check_metrics(check, raw)
     return check.problems
 
 
@@ -675,6 +688,45 @@ def _tasks_from(raw: Any) -> TaskSettings | None:
         queue=value.get("QUEUE"),
         claim_seconds=float(value.get("CLAIM_SECONDS", DEFAULT_TASK_CLAIM_SECONDS)),
     )
+
+
+def _check_metrics(check: _Validator, raw: Mapping[str, Any]) -> None:
+    """Check ``METRICS_DOMAINS`` (a bounded list of domains: label values) and
+    ``METRICS_TOKEN`` (never repeated in a message: it is a secret)."""
+    domains = raw.get("METRICS_DOMAINS", DEFAULTS["METRICS_DOMAINS"])
+    if isinstance(domains, str) or not isinstance(domains, list | tuple | set | frozenset):
+        check.add(
+            "bumail_queue.E026",
+            "METRICS_DOMAINS",
+            f"BUMAIL_QUEUE['METRICS_DOMAINS'] must be a list of recipient domains such as ['gmail.com']; got {domains!r}.",
+        )
+    else:
+        bad = [d for d in domains if not (isinstance(d, str) and _is_dkim_domain(d))]
+        if bad:
+            check.add(
+                "bumail_queue.E026",
+                "METRICS_DOMAINS",
+                f"BUMAIL_QUEUE['METRICS_DOMAINS'] must hold domain names such as 'gmail.com'; these are not: "
+                f"{', '.join(map(repr, bad))}.",
+            )
+        elif len({normalise_domain(d) for d in domains}) > MAX_METRICS_DOMAINS:
+            check.add(
+                "bumail_queue.E026",
+                "METRICS_DOMAINS",
+                f"BUMAIL_QUEUE['METRICS_DOMAINS'] names {len(domains)} domains; at most {MAX_METRICS_DOMAINS} may "
+                "have a label of their own (each multiplies the series Prometheus keeps).",
+            )
+    token = raw.get("METRICS_TOKEN")
+    if token is not None and not (
+        isinstance(token, str) and len(token) >= MIN_METRICS_TOKEN and _TOKEN.fullmatch(token)
+    ):
+        check.add(
+            "bumail_queue.E026",
+            "METRICS_TOKEN",
+            f"BUMAIL_QUEUE['METRICS_TOKEN'] must be None or a string of at least {MIN_METRICS_TOKEN} printable "
+            "ASCII characters without spaces (python -c 'import secrets; print(secrets.token_urlsafe(32))' "
+            "makes one).",
+        )
 
 
 def _check_dkim(check: _Validator, raw: Mapping[str, Any]) -> None:
@@ -796,6 +848,8 @@ def load(raw: Any) -> QueueSettings:
         if values["DELIVERY_LOG_RETENTION"] is None
         else _as_timedelta(values["DELIVERY_LOG_RETENTION"]),
         tasks=_tasks_from(values["TASKS"]),
+        metrics_domains=frozenset(map(normalise_domain, values["METRICS_DOMAINS"])),
+        metrics_token=values["METRICS_TOKEN"],
     )
 
 

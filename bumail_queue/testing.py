@@ -42,7 +42,7 @@ from django.db import connections
 from bumail_queue.errors import QueueError
 from bumail_queue.items import AttemptResult, NewItem, Outcome, QueueItem, Reply
 from bumail_queue.items import RecipientStatus as S
-from bumail_queue.queries import ItemQuery, ItemState, RetryResult
+from bumail_queue.queries import ItemQuery, ItemState, QueueGauges, RetryResult
 from bumail_queue.stores.base import QueueStore
 
 __all__ = [
@@ -718,6 +718,64 @@ class StoreContract:
     def test_summary_of_an_empty_queue(self, store: QueueStore) -> None:
         summary = store.summary(now=T0)
         assert (summary.total, summary.oldest_created_at, summary.shape, summary.due) == (0, None, (), 0)
+
+    # -- reading for monitors: the gauges of the metrics ---------------------------------
+
+    def test_gauges_count_items_by_state_recipients_and_ages(self, store: QueueStore) -> None:
+        self._three_states(store)
+        old = store.add(new_item(recipients=["o@slow.example"], created_at=T0 - timedelta(hours=30)))
+        gauges = store.gauges(now=T0 + timedelta(minutes=1))
+        assert gauges == QueueGauges(
+            now=T0 + timedelta(minutes=1),
+            items={ItemState.QUEUED: 2, ItemState.DEFERRED: 1, ItemState.DELIVERING: 1},
+            recipients={S.PENDING: 4, S.DEFERRED: 1},
+            oldest={ItemState.QUEUED: old.created_at, ItemState.DEFERRED: T0, ItemState.DELIVERING: T0},
+            due=1,  # the old one: ``queued`` is due at T0 + 5 minutes, ``deferred`` at T0 + 30
+            first_due_at=old.created_at,
+            exact=True,
+        )
+        assert gauges.total == 4
+
+    def test_gauges_take_an_expired_lease_for_due(self, store: QueueStore) -> None:
+        self._three_states(store)
+        later = T0 + LEASE + timedelta(seconds=1)
+        gauges = store.gauges(now=later)
+        assert gauges.items == {ItemState.QUEUED: 2, ItemState.DEFERRED: 1, ItemState.DELIVERING: 0}
+        assert gauges.oldest[ItemState.DELIVERING] is None
+        # The item whose lease expired (due at its lease's end) and the queued one.
+        assert (gauges.due, gauges.first_due_at) == (2, T0 + timedelta(minutes=5))
+
+    def test_gauges_leave_final_recipients_out(self, store: QueueStore) -> None:
+        added = store.add(new_item(recipients=["a@one.example", "b@two.example", "c@two.example"]))
+        claim_one(store)
+        store.complete(
+            added.id,
+            owner="w1",
+            result=result(
+                T0 + timedelta(minutes=30),
+                **{
+                    "a@one.example": (S.DELIVERED, OK),
+                    "b@two.example": (S.DEFERRED, LATER),
+                    "c@two.example": (S.FAILED, NO_SUCH_USER),
+                },
+            ),
+        )
+        store.add(new_item(recipients=["d@three.example"]))
+        gauges = store.gauges(now=T0)
+        assert gauges.recipients == {S.PENDING: 1, S.DEFERRED: 1}
+        assert gauges.items == {ItemState.QUEUED: 1, ItemState.DEFERRED: 1, ItemState.DELIVERING: 0}
+
+    def test_gauges_of_an_empty_queue(self, store: QueueStore) -> None:
+        gauges = store.gauges(now=T0)
+        assert gauges == QueueGauges(
+            now=T0,
+            items=dict.fromkeys(ItemState, 0),
+            recipients={S.PENDING: 0, S.DEFERRED: 0},
+            oldest=dict.fromkeys(ItemState),
+            due=0,
+            first_due_at=None,
+            exact=True,
+        )
 
     def test_estimated_count_of_a_small_queue_is_exact(self, store: QueueStore) -> None:
         store.add_many([new_item(), new_item(), new_item()])

@@ -56,6 +56,7 @@ from bumail_queue.items import Outcome, QueueItem, RecipientStatus, Reply
 from bumail_queue.outcomes import (
     Attempt,
     Enqueue,
+    Meter,
     Recorder,
     Stats,
     close_broken_connections,
@@ -69,6 +70,7 @@ from bumail_queue.threads import ThreadPool
 
 __all__ = [
     "Attempt",
+    "Meter",
     "Resolver",
     "Stats",
     "Transport",
@@ -137,6 +139,7 @@ class Worker:
         enqueue: Enqueue | None = None,
         item_ids: Sequence[str] | None = None,
         claim_seconds: float | None = None,
+        meter: Meter | None = None,
     ) -> None:
         """``item_ids``: claim only those items (``QueueStore.claim_items``), each once if
         due and free, rather than whatever is due. ``claim_seconds``: once this long
@@ -154,6 +157,7 @@ class Worker:
         self.transport = transport or self._default_transport()
         self._resolver = resolver
         self.stats = Stats()
+        self.meter = meter
         self._lease_until: dict[str, datetime] = {}
         self.recorder = Recorder(
             store=self.store,
@@ -163,6 +167,7 @@ class Worker:
             enqueue=enqueue or store_enqueue(self.store, self.settings, clock),
             stats=self.stats,
             lease_until=self._lease_until.get,
+            meter=meter,
         )
         self._changed = threading.Condition()
         self._stopping = threading.Event()
@@ -231,6 +236,11 @@ class Worker:
         """Ask the loop to stop, from a signal handler: it takes no lock, so it cannot
         deadlock with the thread it interrupts; the loop sees it within half a second."""
         self._stop_requested = True
+
+    def sessions_under_way(self) -> int:
+        """Return how many items are being delivered now (for a monitor)."""
+        with self._changed:
+            return len(self._sessions)
 
     @property
     def stopping(self) -> bool:
@@ -330,9 +340,13 @@ class Worker:
             claimed, drained = self._claim_batch(now, until, limit)
         except QueueError as error:
             self.stats.store_errors += 1
+            if self.meter is not None:
+                self.meter.store_failed()
             report_error(error, None)
             self._stopping.wait(min(self.settings.poll_seconds, 5))
             return []
+        if self.meter is not None:
+            self.meter.claimed(len(claimed))
         prefetched = self._prefetch(claimed)
         with self._changed:
             self._drained = drained
@@ -397,7 +411,9 @@ class Worker:
     def _session_ended(self, item: QueueItem, keys: set[str], pool: ThreadPool, *, to_record: bool) -> None:
         # The session's slots are free for the next item; the lease stays until recorded.
         with self._changed:
-            self._sessions.pop(item.id, None)
+            session = self._sessions.pop(item.id, None)
+            if self.meter is not None and session is not None:
+                self.meter.session_ended(time.monotonic() - session.started)
             self._busy.subtract(keys)
             self._busy += Counter()  # drop the keys that reached zero
             if to_record:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import re
 from datetime import timedelta
 
@@ -21,6 +22,25 @@ def positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"{value!r} must be 1 or more")
     return number
+
+
+def port(value: str) -> int:
+    """A TCP port to listen on, 0 (any free one) to 65535."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} must be a port number from 0 (any free port) to 65535")
+    return number
+
+
+def listen_address(value: str) -> str:
+    """An IP address to listen on: ``127.0.0.1``, ``::1``, ``0.0.0.0``, ``::``."""
+    try:
+        return str(ipaddress.ip_address(value.strip("[]")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an IP address such as 127.0.0.1 or ::1") from None
 
 
 def duration(value: str) -> timedelta:

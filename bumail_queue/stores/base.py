@@ -21,6 +21,8 @@ Every store runs the same contract suite (``bumail_queue.testing.StoreContract``
 - ``claim_items`` (where ``claims_by_id``) is ``claim`` restricted to the items named:
   as atomic, and it takes only those due and free, so two claimers of one id never
   both get it.
+- ``gauges`` is exact on a queue of up to ``gauge_sample_rows`` items; beyond, a store
+  may estimate from a sample, and says so (``exact`` false).
 """
 
 from __future__ import annotations
@@ -37,7 +39,16 @@ from bumail_queue.addresses import domain_of, u_labels
 from bumail_queue.conf import QueueSettings, normalise_domain
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, RecipientStatus
-from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueSummary, RetryResult, summarize
+from bumail_queue.queries import (
+    AGE_BUCKETS,
+    ItemCount,
+    ItemQuery,
+    QueueGauges,
+    QueueSummary,
+    RetryResult,
+    gauges_of,
+    summarize,
+)
 from bumail_queue.text import is_keepable, require_keepable
 
 #: How many bytes of each message ``read_message_heads`` returns unless told.
@@ -75,6 +86,10 @@ class QueueStore(abc.ABC):
     claims_by_id: ClassVar[bool] = False
     """Whether ``claim_items`` is implemented (every built-in store's is). Without it, a
     delivery task given item ids runs a bounded pass over everything due instead."""
+    gauge_sample_rows: int = 10_000
+    """Up to about this many items ``gauges`` reads them all; a store that samples a
+    larger queue (the ORM store on PostgreSQL, Redis) reads about this many, so a
+    scrape costs the same whatever the queue's size."""
 
     def __init__(self, settings: QueueSettings) -> None:
         self.settings = settings
@@ -215,6 +230,15 @@ class QueueStore(abc.ABC):
     def summary(self, *, now: datetime, age_buckets: Sequence[timedelta] = AGE_BUCKETS) -> QueueSummary:
         """Return the counts by state, the oldest item and the queue's shape at ``now``."""
         return summarize(self._scan(), now=now, age_buckets=age_buckets)
+
+    def gauges(self, *, now: datetime) -> QueueGauges:
+        """Return what a monitor reads of the queue at ``now`` (``bumail_queue.metrics``).
+
+        Read at every scrape, so it must stay cheap on a large queue: a store may
+        answer from a sample beyond ``gauge_sample_rows`` items (``exact`` false). The
+        default reads the whole queue through ``list`` and is exact.
+        """
+        return gauges_of(self._scan(), now=now)
 
     def estimated_count(self) -> ItemCount:
         """Return how many items the queue holds, an estimate where counting is costly.

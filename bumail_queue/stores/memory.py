@@ -12,7 +12,7 @@ from datetime import datetime
 from bumail_queue.conf import QueueSettings
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, QueueItem
-from bumail_queue.queries import SEARCH_HEAD_BYTES, ItemQuery, headers_contain
+from bumail_queue.queries import SEARCH_HEAD_BYTES, ItemQuery, QueueGauges, gauges_of, headers_contain
 
 from .base import MESSAGE_HEAD_BYTES, QueueStore
 
@@ -86,6 +86,11 @@ class MemoryStore(QueueStore):
     def count(self) -> int:
         with self._lock:
             return len(self._entries)
+
+    def gauges(self, *, now: datetime) -> QueueGauges:
+        """Every item counted, under the lock: one pass, no copy, no sort."""
+        with self._lock:
+            return gauges_of((e.item for e in self._entries.values()), now=now)
 
     def search(self, query: ItemQuery, *, offset: int = 0, limit: int = 100) -> builtins.list[QueueItem]:
         """Match as ``ItemQuery`` says, and ``text`` in the message's header block too."""

@@ -36,7 +36,7 @@ from bumail_queue.errors import ErrorCode, QueueError, first_line
 from bumail_queue.estimates import planner_estimate
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
 from bumail_queue.models import Item, Message, item_from_row
-from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueSummary, RetryResult
+from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueGauges, QueueSummary, RetryResult
 
 from . import orm_queries
 from .base import COMPLETE_TRIES, MESSAGE_HEAD_BYTES, QueueStore, WorkListener
@@ -859,6 +859,10 @@ class ORMStore(QueueStore):
 
     def summary(self, *, now: datetime, age_buckets: Sequence[timedelta] = AGE_BUCKETS) -> QueueSummary:
         return orm_queries.summary(self, now=now, age_buckets=age_buckets)
+
+    def gauges(self, *, now: datetime) -> QueueGauges:
+        """One statement; on PostgreSQL beyond ``gauge_sample_rows`` items, over a sample."""
+        return orm_queries.gauges(self, now=now)
 
     def estimated_count(self) -> ItemCount:
         """On PostgreSQL, the planner's estimate once the table is large: no ``COUNT(*)``."""

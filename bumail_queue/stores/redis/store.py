@@ -19,6 +19,7 @@ the key layout and value codec are ``layout``'s, the wake-up ``listener``'s.
 from __future__ import annotations
 
 import builtins
+import json
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -56,13 +57,16 @@ from bumail_queue.errors import (
     first_line,
 )
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
-from bumail_queue.queries import RetryResult
+from bumail_queue.queries import GaugeTally, ItemState, QueueGauges, RetryResult, scaled
 from bumail_queue.stores.base import COMPLETE_TRIES, MESSAGE_HEAD_BYTES, QueueStore, WorkListener
 
 from . import scripts
 from .layout import (
+    EPOCH,
+    MICROSECOND,
     RedisKeys,
     copy_item,
+    from_micros,
     hash_fields,
     item_from_fields,
     micros,
@@ -80,6 +84,9 @@ EVICTING_POLICIES = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random"})
 # How many items a script of a retry reads: Redis runs nothing else meanwhile, so a
 # long queue is retried a page at a time, each about a millisecond.
 RETRY_PAGE = 1000
+
+# The fields of an item ``gauges`` reads.
+_GAUGED_FIELDS = ("created", "next", "attempts", "owner", "expires", "recipients")
 
 # The system check connects while manage.py waits: it must not hang on a Redis that
 # drops packets, whatever timeouts CACHES gives the store's own connections.
@@ -525,6 +532,79 @@ class RedisStore(QueueStore):
             missing=tuple(
                 item_id for item_id in dict.fromkeys(item_ids) if item_id not in owns or status[owns[item_id]] == -1
             ),
+        )
+
+    # -- reading for monitors: the metrics ----------------------------------------------
+
+    gauge_sample_rows = 2000
+    """A sample of items drawn one by one (``ZRANDMEMBER``) is as good as a far larger
+    one of whole pages, and each sampled item is a hash to read."""
+
+    def gauges(self, *, now: datetime) -> QueueGauges:
+        """Two round trips. The first counts what the sorted sets order: every item, the
+        leased ones, the due ones and the first due, exact at any size, and draws up to
+        ``gauge_sample_rows`` items at random (all of them in a smaller queue). The
+        second reads the drawn items' fields, for their states, recipients and ages:
+        beyond that many items, the split of the unleased items into queued and
+        deferred, the recipients and the oldest times are estimates from the draw."""
+        client = self._redis()
+        at = micros(now)
+        with self._translated_errors("read the queue's gauges"):
+            pipe = client.pipeline(transaction=False)
+            pipe.zcard(self.keys.items)
+            pipe.zcount(self.keys.leases, f"({at}", "+inf")
+            pipe.zcount(self.keys.ready, "-inf", at)
+            pipe.zcount(self.keys.leases, "-inf", at)  # expired: due again
+            pipe.zrangebyscore(self.keys.ready, "-inf", at, start=0, num=1, withscores=True)
+            pipe.zrangebyscore(self.keys.leases, "-inf", at, start=0, num=1, withscores=True)
+            pipe.zrandmember(self.keys.items, self.gauge_sample_rows)
+            total, leased, due_ready, expired, first_ready, first_expired, drawn = pipe.execute()
+            pipe = client.pipeline(transaction=False)
+            for member in drawn or ():
+                pipe.hmget(self.keys.item(member[17:].decode()), _GAUGED_FIELDS)
+            rows = pipe.execute() if drawn else []
+        tally = GaugeTally(now)
+        for fields in rows:
+            if fields[0] is not None:  # gone since it was drawn
+                self._tally(tally, fields, now)
+        if int(total) <= self.gauge_sample_rows:
+            return tally.gauges()
+        sample = tally.gauges()
+        # The counts the sorted sets give stand; the draw splits the unleased items
+        # into queued and deferred, and gives the recipients per item.
+        unleased, unleased_drawn = (
+            int(total) - int(leased),
+            sample.items[ItemState.QUEUED] + sample.items[ItemState.DEFERRED],
+        )
+        deferred = round(unleased * sample.items[ItemState.DEFERRED] / unleased_drawn) if unleased_drawn else 0
+        drawn_items = unleased_drawn + sample.items[ItemState.DELIVERING]
+        scale = int(total) / drawn_items if drawn_items else 0.0
+        firsts = [int(score) for _, score in (*first_ready, *first_expired)]
+        return QueueGauges(
+            now=now,
+            items={
+                ItemState.QUEUED: unleased - deferred,
+                ItemState.DEFERRED: deferred,
+                ItemState.DELIVERING: int(leased),
+            },
+            recipients={status: scaled(n, scale) for status, n in sample.recipients.items()},
+            oldest=sample.oldest,
+            due=int(due_ready) + int(expired),
+            first_due_at=EPOCH + min(firsts) * MICROSECOND if firsts else None,
+            exact=False,
+        )
+
+    @staticmethod
+    def _tally(tally: GaugeTally, fields: Sequence[bytes | None], now: datetime) -> None:
+        created, next_at, attempts, owner, expires, recipients = fields
+        assert created is not None and next_at is not None and attempts is not None and recipients is not None
+        leased = owner is not None and expires is not None and from_micros(expires) > now
+        state = ItemState.DELIVERING if leased else ItemState.DEFERRED if int(attempts) > 0 else ItemState.QUEUED
+        tally.count(
+            state=state,
+            created_at=from_micros(created),
+            next_attempt_at=from_micros(next_at),
+            statuses=(entry["status"] for entry in json.loads(recipients)),
         )
 
     @property
