@@ -555,7 +555,7 @@ class STSPolicies:
             raise _invalid(f"{where} is served as {media_type or 'no media type'!r}, not 'text/plain' (RFC 8461 §3.2)")
         length = response.headers.get("Content-Length", "")
         if length.isdigit() and int(length) > MAX_POLICY_SIZE:
-            raise _fetch_error(f"{where} is {int(length)} octets, more than the {MAX_POLICY_SIZE} a policy may have")
+            raise _fetch_error(f"{where} is {int(length)} octets, more than the {MAX_POLICY_SIZE} octets a policy may have")
         body = bytearray()
         while chunk := response.read1(_READ_SIZE):
             body += chunk
