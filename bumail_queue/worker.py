@@ -151,6 +151,7 @@ class Worker:
         self.transport = transport or self._default_transport()
         self._resolver = resolver
         self._mta_sts = mta_sts
+        self._mta_sts_lock = threading.Lock()  # delivery threads ask for it at once
         # The TLS sessions under MTA-STS policies, counted here and written now and then.
         self.tls_reports = TLSReportCounter(self.store)
         self.stats = Stats()
@@ -222,14 +223,16 @@ class Worker:
         """The MTA-STS policies of recipient domains (``None`` with ``MTA_STS`` off),
         made when first needed, kept in the store for every worker."""
         if self._mta_sts is None and self.settings.mta_sts:
-            self._mta_sts = STSPolicies(
-                cache=self.store,
-                nameservers=self.settings.dns_nameservers,
-                https_port=self.settings.mta_sts_https_port,
-                ca_file=self.settings.tls_ca_file,
-                allowed_networks=self.settings.allowed_private_networks,
-                clock=self.clock,
-            )
+            with self._mta_sts_lock:
+                if self._mta_sts is None:  # one for all threads: one fetch per domain
+                    self._mta_sts = STSPolicies(
+                        cache=self.store,
+                        nameservers=self.settings.dns_nameservers,
+                        https_port=self.settings.mta_sts_https_port,
+                        ca_file=self.settings.tls_ca_file,
+                        allowed_networks=self.settings.allowed_private_networks,
+                        clock=self.clock,
+                    )
         return self._mta_sts
 
     # -- control ----------------------------------------------------------------------
@@ -292,6 +295,7 @@ class Worker:
     def _loop(self, pool: ThreadPool) -> None:
         while not self.stopping:
             close_broken_connections()
+            self.tls_reports.flush_if_due()
             claimed = self._claim()
             self._start_what_fits(pool)
             if claimed and not self._drained:
@@ -301,7 +305,6 @@ class Worker:
                     return
             self._idle(self._idle_seconds())
             self.transport.close_idle()
-            self.tls_reports.flush_if_due()
 
     def _idle(self, seconds: float) -> None:
         """Wait until woken, or ``seconds`` pass, or a stop is requested."""

@@ -265,12 +265,12 @@ class AppliedPolicy:
         policy = self.policy
         if policy is None or self.mode is None:
             return []
+        base = TLSSessionCount(day=day, domain=self.domain, policy_id=policy.id, policy=policy.lines(), result=None)
         counted = []
-        kind = {"day": day, "domain": self.domain, "policy_id": policy.id, "policy": policy.lines()}
         if excluded:
             names = ", ".join(dict.fromkeys(host.name for host in excluded))
             reason = f"no MX host matches the policy's mx patterns: {names}"
-            counted.append(TLSSessionCount(**kind, result=TLSResult.VALIDATION_FAILURE, reason=reason))  # type: ignore[arg-type]
+            counted.append(dataclasses.replace(base, result=TLSResult.VALIDATION_FAILURE, reason=reason))
         for session in sessions:
             result, reason = session.failure, session.reason
             if not policy.allows(session.host):  # testing: the policy would not have let it be used
@@ -278,15 +278,14 @@ class AppliedPolicy:
                     TLSResult.VALIDATION_FAILURE,
                     f"{session.host} matches none of the policy's mx patterns",
                 )
-            counted.append(
-                TLSSessionCount(
-                    **kind,  # type: ignore[arg-type]
-                    result=result,
-                    mx_host=session.host if result is not None else "",
-                    address=(session.address or "") if result is not None else "",
-                    reason=reason if result is not None else "",
+            if result is None:
+                counted.append(base)
+            else:
+                counted.append(
+                    dataclasses.replace(
+                        base, result=result, mx_host=session.host, address=session.address or "", reason=reason
+                    )
                 )
-            )
         return counted
 
 
@@ -555,7 +554,9 @@ class STSPolicies:
             raise _invalid(f"{where} is served as {media_type or 'no media type'!r}, not 'text/plain' (RFC 8461 §3.2)")
         length = response.headers.get("Content-Length", "")
         if length.isdigit() and int(length) > MAX_POLICY_SIZE:
-            raise _fetch_error(f"{where} is {int(length)} octets, more than the {MAX_POLICY_SIZE} octets a policy may have")
+            raise _fetch_error(
+                f"{where} is {int(length)} octets, more than the {MAX_POLICY_SIZE} octets a policy may have"
+            )
         body = bytearray()
         while chunk := response.read1(_READ_SIZE):
             body += chunk

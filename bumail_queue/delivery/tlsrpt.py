@@ -105,8 +105,9 @@ class TLSReportCounter:
             return
         try:
             self._store.count_tls_sessions(counts)
-        except QueueError as error:
-            logger.warning("TLS report counts not written, kept for the next try: %s", error.message)
+        except Exception as error:  # a report never stops delivery
+            text = error.message if isinstance(error, QueueError) else f"{type(error).__name__}: {error}"
+            logger.warning("TLS report counts not written, kept for the next try: %s", text)
             with self._lock:
                 self._merge(counts)
 
