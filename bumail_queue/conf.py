@@ -294,6 +294,11 @@ class _Validator:
             allowed = "a whole number above 0" + (", or None" if optional else "")
             self.add(check_id, key, f"BUMAIL_QUEUE['{key}'] must be {allowed}; got {value!r}.")
 
+    def port(self, raw: Mapping[str, Any], key: str, check_id: str) -> None:
+        value = raw.get(key, DEFAULTS[key])
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+            self.add(check_id, key, f"BUMAIL_QUEUE['{key}'] must be a port number from 1 to 65535; got {value!r}.")
+
     def duration(self, raw: Mapping[str, Any], key: str, check_id: str, *, zero_is_off: bool = False) -> float | None:
         """Check a duration; return it in seconds, or ``None`` when it is not valid.
 
@@ -469,13 +474,7 @@ def validate(raw: Any) -> list[Problem]:
                 )
             check.route(route, f"BUMAIL_QUEUE['ROUTES'][{domain!r}]")
 
-    mx_port = raw.get("MX_PORT", DEFAULTS["MX_PORT"])
-    if isinstance(mx_port, bool) or not isinstance(mx_port, int) or not 0 < mx_port < 65536:
-        check.add(
-            "bumail_queue.E008",
-            "MX_PORT",
-            f"BUMAIL_QUEUE['MX_PORT'] must be a port number from 1 to 65535; got {mx_port!r}.",
-        )
+    check.port(raw, "MX_PORT", "bumail_queue.E008")
     nameservers = raw.get("DNS_NAMESERVERS")
     if nameservers is not None and (
         isinstance(nameservers, str)
@@ -638,13 +637,7 @@ def _check_mta_sts(check: _Validator, raw: Mapping[str, Any]) -> None:
         check.add(
             "bumail_queue.E025", "MTA_STS", f"BUMAIL_QUEUE['MTA_STS'] must be True or False; got {raw['MTA_STS']!r}."
         )
-    port = raw.get("MTA_STS_HTTPS_PORT", DEFAULTS["MTA_STS_HTTPS_PORT"])
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-        check.add(
-            "bumail_queue.E025",
-            "MTA_STS_HTTPS_PORT",
-            f"BUMAIL_QUEUE['MTA_STS_HTTPS_PORT'] must be a port number from 1 to 65535; got {port!r}.",
-        )
+    check.port(raw, "MTA_STS_HTTPS_PORT", "bumail_queue.E025")
     ca_file = raw.get("TLS_CA_FILE")
     if ca_file is None:
         return
