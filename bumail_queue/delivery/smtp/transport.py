@@ -51,8 +51,9 @@ class SMTPTransport:
     ``dkim`` signs each message as it goes on the wire (``None``: no signing).
     ``ssl_context`` verifies the certificates of smarthosts and of MX hosts under an
     MTA-STS policy (when ``None``, one trusting ``ca_file``, ``TLS_CA_FILE``, or the
-    system's trusted certificates without it); ``clock`` gives the time in seconds, for the session's deadline,
-    the connections' idle time and how long a host is remembered.
+    system's trusted certificates without it); ``clock`` gives the time in seconds,
+    for the session's deadline, the connections' idle time and how long a host is
+    remembered.
     """
 
     def __init__(
