@@ -329,7 +329,6 @@ class STSPolicies:
         self._failed: dict[tuple[str, str], tuple[float, PolicyError]] = {}
         self._absent: dict[str, float] = {}  # domain -> until when the store is not asked for it
         self._fetching: dict[str, threading.Event] = {}
-        self.fetches = 0  # how many fetches this instance made, for the tests and the logs
 
     def policy_for(self, domain: str) -> AppliedPolicy:
         """Return the policy that applies to mail for ``domain`` (A-labels, lowercase) now.
@@ -442,7 +441,6 @@ class STSPolicies:
         deadline = self._monotonic() + self._fetch_seconds
         host_name = f"mta-sts.{a_labels(domain)}"
         addresses = self._addresses(host_name, deadline)
-        self.fetches += 1
         text: str | None = None
         for address in addresses:
             try:
