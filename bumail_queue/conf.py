@@ -16,8 +16,10 @@ import functools
 import importlib.util
 import ipaddress
 import math
+import os
 import re
 import socket
+import ssl
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Final
@@ -28,6 +30,7 @@ from django.dispatch import receiver
 
 from .addresses import a_labels
 from .errors import QueueConfigurationError
+from .sts import STSMode
 
 SETTING_NAME: Final = "BUMAIL_QUEUE"
 
@@ -63,6 +66,12 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     # a message whose signing fails waits (deferred) unless DKIM_UNSIGNED_ON_ERROR.
     "DKIM": [],
     "DKIM_UNSIGNED_ON_ERROR": False,
+    # RFC 8461 for MX delivery, as KumoMTA has it: on unless turned off. The policy is
+    # fetched over HTTPS from port MTA_STS_HTTPS_PORT; TLS_CA_FILE (None: the system's
+    # trust store) verifies policy hosts, MX hosts under a policy and smarthosts.
+    "MTA_STS": True,
+    "MTA_STS_HTTPS_PORT": 443,
+    "TLS_CA_FILE": None,
     # RFC 5321 §4.5.4.1: retries at least 30 minutes apart, growing, with jitter.
     "RETRY_MIN_DELAY": timedelta(minutes=30),
     "RETRY_MAX_DELAY": timedelta(hours=4),
@@ -152,7 +161,13 @@ class Problem:
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Route:
-    """Where mail for a domain goes: its MX hosts, or a smarthost."""
+    """Where mail for a domain goes: its MX hosts, or a smarthost.
+
+    ``mta_sts`` is never set from the settings: the worker sets it on an MX route when
+    the recipient domain's MTA-STS policy applies (RFC 8461). ``enforce`` requires
+    STARTTLS and a certificate valid for the MX host's name; ``testing`` checks the
+    same, reports what failed, and goes on as without a policy.
+    """
 
     type: str
     host: str | None = None
@@ -162,6 +177,7 @@ class Route:
     tls: str = "starttls"
     tls_verify: bool = True
     tls_required: bool = False
+    mta_sts: STSMode | None = None
 
 
 DKIM_ALGORITHMS: Final = ("rsa-sha256", "ed25519-sha256")
@@ -234,6 +250,9 @@ class QueueSettings:
     unreachable_host_memory: timedelta
     dkim: tuple[DKIMSigner, ...]
     dkim_unsigned_on_error: bool
+    mta_sts: bool
+    mta_sts_https_port: int
+    tls_ca_file: str | None
     retry_min_delay: timedelta
     retry_max_delay: timedelta
     retry_factor: float
@@ -315,6 +334,11 @@ class _Validator:
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             allowed = "a whole number above 0" + (", or None" if optional else "")
             self.add(check_id, key, f"BUMAIL_QUEUE['{key}'] must be {allowed}; got {value!r}.")
+
+    def port(self, raw: Mapping[str, Any], key: str, check_id: str) -> None:
+        value = raw.get(key, DEFAULTS[key])
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+            self.add(check_id, key, f"BUMAIL_QUEUE['{key}'] must be a port number from 1 to 65535; got {value!r}.")
 
     def duration(self, raw: Mapping[str, Any], key: str, check_id: str, *, zero_is_off: bool = False) -> float | None:
         """Check a duration; return it in seconds, or ``None`` when it is not valid.
@@ -491,13 +515,7 @@ def validate(raw: Any) -> list[Problem]:
                 )
             check.route(route, f"BUMAIL_QUEUE['ROUTES'][{domain!r}]")
 
-    mx_port = raw.get("MX_PORT", DEFAULTS["MX_PORT"])
-    if isinstance(mx_port, bool) or not isinstance(mx_port, int) or not 0 < mx_port < 65536:
-        check.add(
-            "bumail_queue.E008",
-            "MX_PORT",
-            f"BUMAIL_QUEUE['MX_PORT'] must be a port number from 1 to 65535; got {mx_port!r}.",
-        )
+    check.port(raw, "MX_PORT", "bumail_queue.E008")
     nameservers = raw.get("DNS_NAMESERVERS")
     if nameservers is not None and (
         isinstance(nameservers, str)
@@ -532,6 +550,7 @@ def validate(raw: Any) -> list[Problem]:
         check.positive_int(raw, key, "bumail_queue.E021")
     check.duration(raw, "UNREACHABLE_HOST_MEMORY", "bumail_queue.E021", zero_is_off=True)
     _check_dkim(check, raw)
+    _check_mta_sts(check, raw)
     min_delay = check.duration(raw, "RETRY_MIN_DELAY", "bumail_queue.E015")
     max_delay = check.duration(raw, "RETRY_MAX_DELAY", "bumail_queue.E015")
     if min_delay is not None and max_delay is not None and min_delay > max_delay:
@@ -769,6 +788,43 @@ def _dkim_signer_problems(signer: Any) -> list[str]:
     return problems
 
 
+def _check_mta_sts(check: _Validator, raw: Mapping[str, Any]) -> None:
+    """Check ``MTA_STS``, ``MTA_STS_HTTPS_PORT`` and ``TLS_CA_FILE``: a flag, a port, a
+    file of PEM certificates this process can read."""
+    if not isinstance(raw.get("MTA_STS", DEFAULTS["MTA_STS"]), bool):
+        check.add(
+            "bumail_queue.E027", "MTA_STS", f"BUMAIL_QUEUE['MTA_STS'] must be True or False; got {raw['MTA_STS']!r}."
+        )
+    check.port(raw, "MTA_STS_HTTPS_PORT", "bumail_queue.E027")
+    ca_file = raw.get("TLS_CA_FILE")
+    if ca_file is None:
+        return
+    problem = _ca_file_problem(ca_file)
+    if problem is not None:
+        check.add(
+            "bumail_queue.E027",
+            "TLS_CA_FILE",
+            f"BUMAIL_QUEUE['TLS_CA_FILE'] must be None (the system's trust store) or the path of a file of PEM "
+            f"CA certificates; {ca_file!r} {problem}.",
+        )
+
+
+def _ca_file_problem(ca_file: Any) -> str | None:
+    """Say why ``ca_file`` is no readable file of CA certificates, or return ``None``."""
+    if not isinstance(ca_file, str | os.PathLike) or not os.fspath(ca_file):
+        return "is not a path"
+    path = os.fspath(ca_file)
+    if not os.path.isfile(path):
+        return "is not a file"
+    if not os.access(path, os.R_OK):
+        return "cannot be read by this process"
+    try:
+        ssl.create_default_context(cafile=path)
+    except (ssl.SSLError, OSError, ValueError) as error:
+        return f"holds no certificate Python's ssl module can load ({error})"
+    return None
+
+
 def _is_dkim_domain(domain: str) -> bool:
     name = normalise_domain(domain)
     return bool(_HOSTNAME.fullmatch(name)) and "." in name.strip(".") and not _is_ip(name)
@@ -835,6 +891,9 @@ def load(raw: Any) -> QueueSettings:
         unreachable_host_memory=_as_timedelta(values["UNREACHABLE_HOST_MEMORY"]),
         dkim=tuple(map(_dkim_from, values["DKIM"])),
         dkim_unsigned_on_error=values["DKIM_UNSIGNED_ON_ERROR"],
+        mta_sts=values["MTA_STS"],
+        mta_sts_https_port=values["MTA_STS_HTTPS_PORT"],
+        tls_ca_file=None if values["TLS_CA_FILE"] is None else os.fspath(values["TLS_CA_FILE"]),
         retry_min_delay=_as_timedelta(values["RETRY_MIN_DELAY"]),
         retry_max_delay=_as_timedelta(values["RETRY_MAX_DELAY"]),
         retry_factor=float(values["RETRY_FACTOR"]),

@@ -42,15 +42,17 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db import connections
 from django.utils import timezone
 
 from bumail_queue.conf import QueueSettings, get_settings
 from bumail_queue.delivery.dkim import Signatures
-from bumail_queue.delivery.envelope import Delivery, Envelope, Host, Resolver, Transport
+from bumail_queue.delivery.envelope import Delivery, Envelope, Host, Resolver, TLSSession, Transport
+from bumail_queue.delivery.mta_sts import AppliedPolicy, STSPolicies
 from bumail_queue.delivery.routes import Destination, group_by_destination
+from bumail_queue.delivery.tlsrpt import TLSReportCounter
 from bumail_queue.errors import QueueError
 from bumail_queue.items import Outcome, QueueItem, RecipientStatus, Reply
 from bumail_queue.outcomes import (
@@ -130,6 +132,7 @@ class Worker:
         store: QueueStore | None = None,
         transport: Transport | None = None,
         resolver: Resolver | None = None,
+        mta_sts: STSPolicies | None = None,
         owner: str | None = None,
         concurrency: int | None = None,
         domain_concurrency: int | None = None,
@@ -156,6 +159,10 @@ class Worker:
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not a secret
         self.transport = transport or self._default_transport()
         self._resolver = resolver
+        self._mta_sts = mta_sts
+        self._mta_sts_lock = threading.Lock()  # delivery threads ask for it at once
+        # The TLS sessions under MTA-STS policies, counted here and written now and then.
+        self.tls_reports = TLSReportCounter(self.store)
         self.stats = Stats()
         self.meter = meter
         self._lease_until: dict[str, datetime] = {}
@@ -204,6 +211,7 @@ class Worker:
             unreachable_memory_seconds=self.settings.unreachable_host_memory.total_seconds(),
             # Without signers it signs nothing, and the transport leaves it out.
             dkim=Signatures(self.settings.dkim, unsigned_on_error=self.settings.dkim_unsigned_on_error),
+            ca_file=self.settings.tls_ca_file,
         )
 
     @property
@@ -223,6 +231,23 @@ class Worker:
             allowed_networks=self.settings.allowed_private_networks,
             address_limit=self.settings.mx_address_limit,
         )
+
+    @property
+    def mta_sts(self) -> STSPolicies | None:
+        """The MTA-STS policies of recipient domains (``None`` with ``MTA_STS`` off),
+        made when first needed, kept in the store for every worker."""
+        if self._mta_sts is None and self.settings.mta_sts:
+            with self._mta_sts_lock:
+                if self._mta_sts is None:  # one for all threads: one fetch per domain
+                    self._mta_sts = STSPolicies(
+                        cache=self.store,
+                        nameservers=self.settings.dns_nameservers,
+                        https_port=self.settings.mta_sts_https_port,
+                        ca_file=self.settings.tls_ca_file,
+                        allowed_networks=self.settings.allowed_private_networks,
+                        clock=self.clock,
+                    )
+        return self._mta_sts
 
     # -- control ----------------------------------------------------------------------
 
@@ -281,6 +306,7 @@ class Worker:
             if listener.is_alive():
                 listener.join()
             self.transport.close()
+            self.tls_reports.flush()
         return self.stats
 
     # -- the loop ---------------------------------------------------------------------
@@ -288,6 +314,7 @@ class Worker:
     def _loop(self, pool: ThreadPool) -> None:
         while not self.stopping:
             close_broken_connections()
+            self.tls_reports.flush_if_due()
             claimed = self._claim()
             self._start_what_fits(pool)
             if self._claim_until is not None and time.monotonic() >= self._claim_until:
@@ -636,11 +663,27 @@ class Worker:
             if found.failure is not None:
                 return Delivery(outcomes=dict.fromkeys(envelope.recipients, found.failure), remote_host=None)
             hosts = found.hosts
+        policy = self.mta_sts.policy_for(destination.domain) if destination.domain and self.mta_sts else None
+        if policy is not None:
+            route, allowed = policy.route(route), policy.hosts(hosts)
+            if not allowed:  # enforce, and no MX host matches: 4.7.5, no session
+                self._count_tls(policy, (), excluded=hosts)
+                return Delivery(outcomes=dict.fromkeys(envelope.recipients, policy.refusal(hosts)), remote_host=None)
+            hosts = allowed
         delivery = self.transport.deliver(envelope, route=route, hosts=hosts)
         if delivery.option_error is not None:
             # The route's options were refused (4.3.5): the configuration is to fix.
             report_error(delivery.option_error, envelope.item_id)
+        if policy is not None:
+            self._count_tls(policy, delivery.tls_sessions)
         return delivery
+
+    def _count_tls(
+        self, policy: AppliedPolicy, sessions: Sequence[TLSSession], *, excluded: Sequence[Host] = ()
+    ) -> None:
+        """Count the sessions of a delivery under ``policy`` for the day's TLS report (RFC 8460)."""
+        day = self.clock().astimezone(UTC).date()
+        self.tls_reports.add(policy.counts(day, sessions, excluded=excluded))
 
     def _attempt_from(
         self,

@@ -29,8 +29,9 @@ from bumail_queue.stores.orm import ORMStore
 from bumail_queue.stores.redis import RedisStore
 from tests.dkim_keys import TestKeys
 
-# Real servers on loopback that tests configure: a DNS server, SMTP servers, Redis servers.
-pytest_plugins = ["tests.servers.dns", "tests.servers.smtp", "tests.servers.redis"]
+# Real servers on loopback that tests configure: a DNS server, SMTP servers, Redis servers,
+# HTTPS servers of MTA-STS policies.
+pytest_plugins = ["tests.servers.dns", "tests.servers.smtp", "tests.servers.redis", "tests.servers.https"]
 
 VENDOR = {"django.db.backends.postgresql": "postgresql", "django.db.backends.sqlite3": "sqlite"}.get(
     settings.DATABASES["default"]["ENGINE"], "other"

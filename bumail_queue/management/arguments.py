@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import re
-from datetime import timedelta
+from datetime import date, timedelta
 
+_DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _DURATION = re.compile(r"([0-9]+)([smhdw])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 #: Longer spans reach back before year 1 from today: no date can be that old.
@@ -76,3 +77,13 @@ def describe_duration(span: timedelta, *, depth: int = 2) -> str:
         if len(parts) == depth:
             break
     return ", ".join(parts) or "0 seconds"
+
+
+def iso_date(value: str) -> date:
+    """A day written ``YYYY-MM-DD``."""
+    try:
+        if not _DAY.fullmatch(value):
+            raise ValueError(value)
+        return date.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a day written YYYY-MM-DD") from None

@@ -23,6 +23,9 @@ Every store runs the same contract suite (``bumail_queue.testing.StoreContract``
   both get it.
 - ``gauges`` is exact on a queue of up to ``gauge_sample_rows`` items; beyond, a store
   may estimate from a sample, and says so (``exact`` false).
+- MTA-STS policies are kept one per domain, the last put replacing the one before,
+  expired or not (the caller compares ``expires_at`` with its own time); TLS session
+  counts of one kind add up, in one step per call, and a day's are read back whole.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from __future__ import annotations
 import abc
 import builtins
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any, ClassVar
 
 from django.core.checks import CheckMessage
@@ -49,6 +52,7 @@ from bumail_queue.queries import (
     gauges_of,
     summarize,
 )
+from bumail_queue.sts import STSPolicy, TLSSessionCount
 from bumail_queue.text import is_keepable, require_keepable
 
 #: How many bytes of each message ``read_message_heads`` returns unless told.
@@ -287,6 +291,32 @@ class QueueStore(abc.ABC):
                 missing.append(item_id)
         return RetryResult(due=due, leased=tuple(leased), missing=tuple(missing))
 
+    # -- MTA-STS policies and TLS report counts (docs/mta-sts.md) ---------------------------
+
+    @abc.abstractmethod
+    def get_sts_policy(self, domain: str) -> STSPolicy | None:
+        """Return the MTA-STS policy kept for ``domain``, expired or not, or ``None``."""
+
+    @abc.abstractmethod
+    def put_sts_policy(self, policy: STSPolicy) -> None:
+        """Keep ``policy`` for its domain, in place of the one kept before."""
+
+    @abc.abstractmethod
+    def count_tls_sessions(self, counts: Sequence[TLSSessionCount]) -> None:
+        """Add ``counts`` to those kept, all in one step.
+
+        Counts of one kind (``TLSSessionCount.kind``) add up; the policy and the reason
+        kept for a kind are those of its first count.
+        """
+
+    @abc.abstractmethod
+    def tls_session_counts(self, day: date) -> builtins.list[TLSSessionCount]:
+        """Return the counts of ``day``, one per kind, in no particular order."""
+
+    @abc.abstractmethod
+    def purge_tls_session_counts(self, *, before: date) -> int:
+        """Delete the counts of every day before ``before``; return how many kinds went."""
+
     def _scan(self, chunk: int = 1000) -> Iterator[QueueItem]:
         offset = 0
         while page := self.list(offset=offset, limit=chunk):
@@ -329,6 +359,19 @@ class QueueStore(abc.ABC):
             require_keepable(address, "recipient")
             require_keepable(outcome.reply.text, "reply text")
             require_keepable(outcome.reply.status, "reply status")
+
+    @staticmethod
+    def validate_sts_policy(policy: STSPolicy) -> None:
+        """Refuse a policy holding text no store can keep (``INVALID``)."""
+        for text in (policy.domain, policy.id, *policy.mx):
+            require_keepable(text, "MTA-STS policy")
+
+    @staticmethod
+    def validate_tls_counts(counts: Sequence[TLSSessionCount]) -> None:
+        """Refuse counts holding text no store can keep (``INVALID``)."""
+        for count in counts:
+            for text in (count.domain, count.policy_id, *count.policy, count.mx_host, count.address, count.reason):
+                require_keepable(text, "TLS report count")
 
     @staticmethod
     def lease_lost(item_id: str, owner: str) -> QueueError:

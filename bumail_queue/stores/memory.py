@@ -7,12 +7,14 @@ import dataclasses
 import itertools
 import threading
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import date, datetime
+from typing import Any
 
 from bumail_queue.conf import QueueSettings
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, QueueItem
 from bumail_queue.queries import SEARCH_HEAD_BYTES, ItemQuery, QueueGauges, gauges_of, headers_contain
+from bumail_queue.sts import STSPolicy, TLSSessionCount
 
 from .base import MESSAGE_HEAD_BYTES, QueueStore
 
@@ -36,6 +38,8 @@ class MemoryStore(QueueStore):
         self._entries: dict[str, _Entry] = {}
         self._id_by_key: dict[str, str] = {}
         self._seq = itertools.count(1)
+        self._sts_policies: dict[str, STSPolicy] = {}
+        self._tls_counts: dict[tuple[Any, ...], TLSSessionCount] = {}
 
     @staticmethod
     def _copy(item: QueueItem) -> QueueItem:
@@ -214,3 +218,32 @@ class MemoryStore(QueueStore):
         with self._lock:
             entry = self._drop(item_id) if self.is_known_id(item_id) else None
             return None if entry is None else self._copy(entry.item)
+
+    def get_sts_policy(self, domain: str) -> STSPolicy | None:
+        with self._lock:
+            return self._sts_policies.get(domain)
+
+    def put_sts_policy(self, policy: STSPolicy) -> None:
+        self.validate_sts_policy(policy)
+        with self._lock:
+            self._sts_policies[policy.domain] = policy
+
+    def count_tls_sessions(self, counts: Sequence[TLSSessionCount]) -> None:
+        self.validate_tls_counts(counts)
+        with self._lock:
+            for count in counts:
+                known = self._tls_counts.get(count.kind)
+                self._tls_counts[count.kind] = (
+                    count if known is None else dataclasses.replace(known, count=known.count + count.count)
+                )
+
+    def tls_session_counts(self, day: date) -> builtins.list[TLSSessionCount]:
+        with self._lock:
+            return [count for count in self._tls_counts.values() if count.day == day]
+
+    def purge_tls_session_counts(self, *, before: date) -> int:
+        with self._lock:
+            old = [kind for kind, count in self._tls_counts.items() if count.day < before]
+            for kind in old:
+                del self._tls_counts[kind]
+            return len(old)

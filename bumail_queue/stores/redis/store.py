@@ -23,7 +23,7 @@ import json
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, cast
 
 from django.conf import settings as django_settings
@@ -59,8 +59,9 @@ from bumail_queue.errors import (
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
 from bumail_queue.queries import GaugeTally, ItemState, QueueGauges, RetryResult, scaled
 from bumail_queue.stores.base import COMPLETE_TRIES, MESSAGE_HEAD_BYTES, QueueStore, WorkListener
+from bumail_queue.sts import STSPolicy, TLSSessionCount
 
-from . import scripts
+from . import scripts, sts
 from .layout import (
     EPOCH,
     MICROSECOND,
@@ -628,6 +629,38 @@ class RedisStore(QueueStore):
         keys = [self.keys.items, self.keys.ready, self.keys.leases, self.keys.keys]
         fields = self._run(scripts.CANCEL, "cancel the item", keys, [self.keys.prefix, own])
         return None if fields is None else item_from_fields(pairs(fields))
+
+    # -- MTA-STS policies and TLS report counts: sts.py --------------------------------
+
+    def get_sts_policy(self, domain: str) -> STSPolicy | None:
+        client = self._redis()
+        with self._translated_errors("read the MTA-STS policy"):
+            raw = client.hget(self.keys.sts_policies, domain)
+        return None if raw is None else sts.policy_from_json(domain, cast("bytes", raw))
+
+    def put_sts_policy(self, policy: STSPolicy) -> None:
+        self.validate_sts_policy(policy)
+        client = self._redis()
+        with self._translated_errors("keep the MTA-STS policy"):
+            client.hset(self.keys.sts_policies, policy.domain, sts.policy_json(policy))
+
+    def count_tls_sessions(self, counts: Sequence[TLSSessionCount]) -> None:
+        self.validate_tls_counts(counts)
+        if not counts:
+            return
+        client = self._redis()
+        with self._translated_errors("count the TLS sessions"):
+            sts.add_counts(client, self.keys, counts)
+
+    def tls_session_counts(self, day: date) -> builtins.list[TLSSessionCount]:
+        client = self._redis()
+        with self._translated_errors("read the TLS report counts"):
+            return sts.read_counts(client, self.keys, day)
+
+    def purge_tls_session_counts(self, *, before: date) -> int:
+        client = self._redis()
+        with self._translated_errors("purge the TLS report counts"):
+            return sts.purge_counts(client, self.keys, before)
 
     def listener(self) -> WorkListener | None:
         """A Pub/Sub subscription on its own connection: idle workers wake on enqueue."""
