@@ -25,7 +25,7 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .addresses import a_labels
+from .addresses import normal_domain
 from .errors import QueueConfigurationError
 
 SETTING_NAME: Final = "BUMAIL_QUEUE"
@@ -74,6 +74,13 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     # The delivery log: each recipient's outcome, kept after the item left the queue.
     "DELIVERY_LOG": True,
     "DELIVERY_LOG_RETENTION": timedelta(days=30),
+    # The suppression list: addresses whose mailbox or domain does not exist, or whose
+    # delivery time expired twice within SUPPRESSION_EXPIRY_WINDOW (None: never), fail
+    # at once for SUPPRESSION_DURATION; SUPPRESSION_DSN: with a DSN, as other failures.
+    "SUPPRESSION": True,
+    "SUPPRESSION_DURATION": timedelta(days=30),
+    "SUPPRESSION_EXPIRY_WINDOW": timedelta(days=30),
+    "SUPPRESSION_DSN": True,
 }
 
 #: RFC 5321 §4.5.3.2's timeouts, in seconds; ``TIMEOUTS`` overrides any of them.
@@ -206,6 +213,10 @@ class QueueSettings:
     poll_seconds: float
     delivery_log: bool
     delivery_log_retention: timedelta | None
+    suppression: bool
+    suppression_duration: timedelta
+    suppression_expiry_window: timedelta | None
+    suppression_dsn: bool
 
     @property
     def lease(self) -> timedelta:
@@ -218,14 +229,9 @@ class QueueSettings:
 
 
 def normalise_domain(domain: str) -> str:
-    """Return the form domains are compared in: lowercase IDNA2008 A-labels
-    (:func:`~bumail_queue.addresses.a_labels`), no trailing dot. A domain IDNA2008
-    refuses is returned lowercase, as no A-label form can equal it."""
-    domain = domain.rstrip(".").lower()
-    try:
-        return a_labels(domain)
-    except UnicodeError:
-        return domain
+    """Return the form domains are compared in (:func:`~bumail_queue.addresses.normal_domain`):
+    lowercase IDNA2008 A-labels, no trailing dot."""
+    return normal_domain(domain)
 
 
 # Suffixes of names that are no fully qualified domain name of a mail host, though
@@ -568,7 +574,17 @@ def validate(raw: Any) -> list[Problem]:
         )
     if raw.get("DELIVERY_LOG_RETENTION", DEFAULTS["DELIVERY_LOG_RETENTION"]) is not None:
         check.duration(raw, "DELIVERY_LOG_RETENTION", "bumail_queue.E020")
+    _check_suppression(check, raw)
     return check.problems
+
+
+def _check_suppression(check: _Validator, raw: Mapping[str, Any]) -> None:
+    for key in ("SUPPRESSION", "SUPPRESSION_DSN"):
+        if not isinstance(raw.get(key, DEFAULTS[key]), bool):
+            check.add("bumail_queue.E030", key, f"BUMAIL_QUEUE['{key}'] must be True or False; got {raw[key]!r}.")
+    check.duration(raw, "SUPPRESSION_DURATION", "bumail_queue.E030")
+    if raw.get("SUPPRESSION_EXPIRY_WINDOW", DEFAULTS["SUPPRESSION_EXPIRY_WINDOW"]) is not None:
+        check.duration(raw, "SUPPRESSION_EXPIRY_WINDOW", "bumail_queue.E030")
 
 
 def _check_dkim(check: _Validator, raw: Mapping[str, Any]) -> None:
@@ -689,6 +705,12 @@ def load(raw: Any) -> QueueSettings:
         delivery_log_retention=None
         if values["DELIVERY_LOG_RETENTION"] is None
         else _as_timedelta(values["DELIVERY_LOG_RETENTION"]),
+        suppression=values["SUPPRESSION"],
+        suppression_duration=_as_timedelta(values["SUPPRESSION_DURATION"]),
+        suppression_expiry_window=None
+        if values["SUPPRESSION_EXPIRY_WINDOW"] is None
+        else _as_timedelta(values["SUPPRESSION_EXPIRY_WINDOW"]),
+        suppression_dsn=values["SUPPRESSION_DSN"],
     )
 
 

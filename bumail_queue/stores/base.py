@@ -18,6 +18,11 @@ Every store runs the same contract suite (``bumail_queue.testing.StoreContract``
   holding one is an id no item has.
 - ``retry_deferred`` and ``retry_items`` leave an item a lease holds alone, count no
   attempt, and never make an item due later than it was.
+- The suppression list is keyed by ``addresses.normal_address``: an address is found
+  however its domain is written. An entry is in force until its ``expires_at``; one
+  past it is never returned, whether or not it was purged yet. ``suppressions_of``
+  answers a batch in one round trip; ``update_suppressions`` is one atomic step, so
+  two workers noting an address's expiries at once suppress it once they are two.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from bumail_queue.conf import QueueSettings, normalise_domain
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, RecipientStatus
 from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueSummary, RetryResult, summarize
+from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate
 from bumail_queue.text import is_keepable, require_keepable
 
 #: How many bytes of each message ``read_message_heads`` returns unless told.
@@ -242,6 +248,55 @@ class QueueStore(abc.ABC):
             else:
                 missing.append(item_id)
         return RetryResult(due=due, leased=tuple(leased), missing=tuple(missing))
+
+    # -- the suppression list ---------------------------------------------------------
+
+    @abc.abstractmethod
+    def suppressions_of(self, addresses: Iterable[str], *, now: datetime) -> dict[str, Suppression]:
+        """Return the entries in force at ``now`` for those of ``addresses`` on the list.
+
+        Keyed by each address as given; an address not on the list (or whose entry
+        expired) is left out. One round trip for the whole batch: the worker asks
+        once per claim.
+        """
+
+    @abc.abstractmethod
+    def update_suppressions(self, change: SuppressionChange, *, now: datetime) -> SuppressionUpdate:
+        """Apply ``change`` in one atomic step; return what it did (see ``SuppressionChange``).
+
+        An address of ``change.expired`` with a note of an earlier expiry still
+        lasting at ``now`` gets its entry from there; one without gets a note until
+        ``change.note_until`` (an address whose entry is in force keeps it). The
+        entries written and the entries in force taken off are returned.
+        """
+
+    @abc.abstractmethod
+    def search_suppressions(
+        self, *, now: datetime, text: str | None = None, offset: int = 0, limit: int = 100
+    ) -> builtins.list[Suppression]:
+        """Return a page of the entries in force at ``now``, the newest first.
+
+        With ``text``, only those whose address holds it (``suppression.search_form``,
+        ASCII letters compared without case); ``offset`` and ``limit`` count those alone.
+        """
+
+    @abc.abstractmethod
+    def count_suppressions(self, *, now: datetime) -> int:
+        """Return how many entries are in force at ``now``."""
+
+    @abc.abstractmethod
+    def purge_suppressions(self, *, now: datetime) -> int:
+        """Drop the entries and notes that expired by ``now``; return how many entries."""
+
+    @staticmethod
+    def validate_suppressions(change: SuppressionChange) -> None:
+        """Refuse entries holding text no store can keep (``INVALID``)."""
+        for entry in (*change.add, *change.expired):
+            require_keepable(entry.address, "suppressed address")
+            require_keepable(entry.reply.text, "reply text")
+            require_keepable(entry.reply.status, "reply status")
+        for address in change.clear:
+            require_keepable(address, "suppressed address")
 
     def _scan(self, chunk: int = 1000) -> Iterator[QueueItem]:
         offset = 0

@@ -23,7 +23,7 @@ import functools
 import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -37,8 +37,9 @@ from bumail_queue.estimates import planner_estimate
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
 from bumail_queue.models import Item, Message, item_from_row
 from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueSummary, RetryResult
+from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate
 
-from . import orm_queries
+from . import orm_queries, orm_suppressions
 from .base import COMPLETE_TRIES, MESSAGE_HEAD_BYTES, QueueStore, WorkListener
 from .orm_database import (
     INSERT_COLUMNS,
@@ -175,6 +176,10 @@ class ORMStore(QueueStore):
                     if connection.vendor == "postgresql":
                         cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE")
                     yield cursor
+
+    def writing(self) -> AbstractContextManager[Any]:
+        """Yield a cursor for a write of several statements: one transaction at READ COMMITTED."""
+        return self._writing()
 
     # -- adding -----------------------------------------------------------------------
 
@@ -836,6 +841,28 @@ class ORMStore(QueueStore):
         with self.translated_errors():
             estimate = planner_estimate(self.connection, self.items_table)
         return ItemCount(self.count(), exact=True) if estimate is None else ItemCount(estimate, exact=False)
+
+    # -- the suppression list: orm_suppressions.py -------------------------------------
+
+    def suppressions_of(self, addresses: Iterable[str], *, now: datetime) -> dict[str, Suppression]:
+        return orm_suppressions.suppressions_of(self, addresses, now=now)
+
+    def update_suppressions(self, change: SuppressionChange, *, now: datetime) -> SuppressionUpdate:
+        self.validate_suppressions(change)
+        if not change:
+            return SuppressionUpdate()
+        return orm_suppressions.update_suppressions(self, change, now=now)
+
+    def search_suppressions(
+        self, *, now: datetime, text: str | None = None, offset: int = 0, limit: int = 100
+    ) -> builtins.list[Suppression]:
+        return orm_suppressions.search_suppressions(self, now=now, text=text, offset=offset, limit=limit)
+
+    def count_suppressions(self, *, now: datetime) -> int:
+        return orm_suppressions.count_suppressions(self, now=now)
+
+    def purge_suppressions(self, *, now: datetime) -> int:
+        return orm_suppressions.purge_suppressions(self, now=now)
 
 
 def _ends_at_domain(domain: str) -> str:
