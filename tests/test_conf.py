@@ -243,6 +243,18 @@ PROBLEMS = [
     ({"UNREACHABLE_HOST_MEMORY": False}, "bumail_queue.E021", "got False"),
     ({"UNREACHABLE_HOST_MEMORY": float("inf")}, "bumail_queue.E021", "got inf"),
     ({1: "one"}, "bumail_queue.E002", "unknown key 1"),
+    ({"SUPPRESSION": "yes"}, "bumail_queue.E030", "BUMAIL_QUEUE['SUPPRESSION'] must be True or False; got 'yes'."),
+    ({"SUPPRESSION": None}, "bumail_queue.E030", "got None"),
+    ({"SUPPRESSION_DSN": 1}, "bumail_queue.E030", "BUMAIL_QUEUE['SUPPRESSION_DSN'] must be True or False; got 1."),
+    (
+        {"SUPPRESSION_DURATION": 0},
+        "bumail_queue.E030",
+        "BUMAIL_QUEUE['SUPPRESSION_DURATION'] must be a timedelta or a number of seconds above 0",
+    ),
+    ({"SUPPRESSION_DURATION": None}, "bumail_queue.E030", "got None"),
+    ({"SUPPRESSION_DURATION": "30d"}, "bumail_queue.E030", "got '30d'"),
+    ({"SUPPRESSION_EXPIRY_WINDOW": timedelta(days=-1)}, "bumail_queue.E030", "['SUPPRESSION_EXPIRY_WINDOW']"),
+    ({"SUPPRESSION_EXPIRY_WINDOW": False}, "bumail_queue.E030", "got False"),
 ]
 
 
@@ -486,3 +498,22 @@ def test_dkim_signers_are_loaded_with_their_domain_as_a_labels_and_their_key_nev
     assert loaded.dkim_unsigned_on_error is True
     assert "secret" not in repr(loaded)
     assert load({}).dkim == ()
+
+
+def test_the_suppression_list_is_on_for_30_days_with_dsns_by_default():
+    loaded = load({})
+
+    assert loaded.suppression is True
+    assert loaded.suppression_duration == timedelta(days=30)
+    assert loaded.suppression_expiry_window == timedelta(days=30)
+    assert loaded.suppression_dsn is True
+
+
+def test_suppression_durations_take_seconds_and_the_window_takes_none():
+    loaded = load({"SUPPRESSION_DURATION": 3600, "SUPPRESSION_EXPIRY_WINDOW": None, "SUPPRESSION": False})
+
+    assert (loaded.suppression, loaded.suppression_duration, loaded.suppression_expiry_window) == (
+        False,
+        timedelta(hours=1),
+        None,
+    )

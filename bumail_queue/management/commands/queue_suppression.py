@@ -18,38 +18,45 @@ from bumail_queue.management.commands.queue_status import store_errors_in_one_li
 from bumail_queue.service import queue
 from bumail_queue.suppression import Suppression
 
+ACTIONS = ("list", "add", "remove", "purge")
+
 
 class Command(BaseCommand):
     help = (
         "The suppression list: addresses that fail at once, with no session, until their entries expire. "
-        "list [--search TEXT], add ADDRESS..., remove ADDRESS... or --domain DOMAIN, purge."
+        "list [--search TEXT], add ADDRESS... [--note TEXT] [--for 30d], remove ADDRESS... or --domain DOMAIN, purge."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        actions = parser.add_subparsers(dest="action", required=True, metavar="{list,add,remove,purge}")
-        listing = actions.add_parser("list", help="the entries in force, the newest first")
-        listing.add_argument("--search", metavar="TEXT", help="only the addresses that hold TEXT (case aside)")
-        listing.add_argument("--limit", type=positive_int, default=100, help="entries shown (default: 100)")
-        listing.add_argument("--json", action="store_true", help="print one JSON object, for scripts")
-        adding = actions.add_parser("add", help="suppress addresses, as an operator")
-        adding.add_argument("addresses", nargs="+", metavar="ADDRESS")
-        adding.add_argument("--note", default="", help="why, shown with the entry")
-        adding.add_argument(
-            "--for", dest="lasts", type=duration, help="30d, 12h, 2w... (default: SUPPRESSION_DURATION)"
+        parser.add_argument(
+            "action",
+            choices=ACTIONS,
+            help="list the entries in force, the newest first; add (suppress) or remove addresses; "
+            "purge the entries that expired",
         )
-        removing = actions.add_parser("remove", help="take addresses off the list: mail to them goes again")
-        removing.add_argument("addresses", nargs="*", metavar="ADDRESS")
-        removing.add_argument("--domain", help="every address at this domain (after an outage there)")
-        actions.add_parser("purge", help="drop the entries that expired (lookups skip them already)")
+        parser.add_argument("addresses", nargs="*", metavar="ADDRESS", help="for add and remove")
+        parser.add_argument("--search", metavar="TEXT", help="list: only the addresses that hold TEXT (case aside)")
+        parser.add_argument("--limit", type=positive_int, default=100, help="list: entries shown (default: 100)")
+        parser.add_argument("--json", action="store_true", help="list: one JSON object, for scripts")
+        parser.add_argument("--note", default="", help="add: why, shown with the entries")
+        parser.add_argument(
+            "--for", dest="lasts", type=duration, help="add: 30d, 12h, 2w... (default: SUPPRESSION_DURATION)"
+        )
+        parser.add_argument("--domain", help="remove: every address at this domain (after an outage there)")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        action, addresses = options["action"], options["addresses"]
+        if action in ("list", "purge") and addresses:
+            raise CommandError(f"{action} takes no address; to find one: list --search TEXT.")
+        if action == "add" and not addresses:
+            raise CommandError("Give the addresses to suppress.")
         with store_errors_in_one_line():
-            if options["action"] == "list":
+            if action == "list":
                 self._list(options["search"], options["limit"], as_json=options["json"])
-            elif options["action"] == "add":
-                self._add(options["addresses"], note=options["note"], lasts=options["lasts"])
-            elif options["action"] == "remove":
-                self._remove(options["addresses"], options["domain"])
+            elif action == "add":
+                self._add(addresses, note=options["note"], lasts=options["lasts"])
+            elif action == "remove":
+                self._remove(addresses, options["domain"])
             else:
                 dropped = queue.purge_suppressions()
                 self.stdout.write(f"Dropped {dropped} expired entr{'y' if dropped == 1 else 'ies'}.")
