@@ -27,13 +27,16 @@ module imports pytest; nothing else in ``bumail_queue`` does.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import threading
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db import connections
 
 from bumail_queue.errors import QueueError
 from bumail_queue.items import AttemptResult, NewItem, Outcome, QueueItem, Reply
@@ -798,6 +801,31 @@ class StoreContract:
         assert store.search_suppressions(now=T0) == [long]
         assert len(self._expire(store, "slow@example.org", now)) == 1  # the note was kept
         assert store.purge_suppressions(now=T0 + timedelta(days=100)) == 2
+
+    def test_expiries_noted_at_once_by_several_workers_suppress_once(self, store: QueueStore) -> None:
+        # The second expiry suppresses, whichever of the four it is; the others find the
+        # note, or the entry, the one before wrote.
+        start = threading.Barrier(4)
+        done: builtins.list[int] = []
+        failures: builtins.list[BaseException] = []
+
+        def note() -> None:
+            try:
+                start.wait(10)
+                done.append(len(self._expire(store, "slow@example.org", T0)))
+            except BaseException as error:  # reported below, in the test's thread
+                failures.append(error)
+            finally:
+                connections.close_all()
+
+        threads = [threading.Thread(target=note) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert failures == []
+        assert sorted(done) == [0, 0, 0, 1]
+        assert store.count_suppressions(now=T0) == 1
 
     def test_suppression_text_a_store_cannot_keep_is_invalid(self, store: QueueStore) -> None:
         for bad in (

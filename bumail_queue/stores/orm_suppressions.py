@@ -2,8 +2,9 @@
 
 A row is an entry (``suppressed``), or the note of an address's first expiry
 (``MAX_AGE``), which the second expiry while it lasts makes an entry. Each write is
-one ``INSERT ... ON CONFLICT`` per address or one ``DELETE ... RETURNING``: two
-workers noting the same address at once meet in the row, never in two of them.
+one ``INSERT ... ON CONFLICT`` per address or one ``DELETE ... RETURNING`` per 500;
+an expiry reads its row under a lock first, so two workers noting the same address
+at once meet in the row, one after the other.
 Lookups go by the primary key, a batch in one statement (500 addresses a statement,
 well within SQLite's bound parameters); the admin's page walks the ``created_at`` index.
 """
@@ -122,32 +123,6 @@ def _upsert_sql(store: ORMWriter) -> str:
     )
 
 
-def _expiry_sql(store: ORMWriter) -> str:
-    """Note a first expiry, or make a lasting note an entry; an entry in force stays as it is.
-
-    Parameters: the note's values, then now (eight times) and the entry's expiry. Every
-    expression of the ``SET`` reads the row as it was, before any of them.
-    """
-    table, q = _table(store), store.quote
-
-    def column(name: str) -> str:
-        return f"{table}.{q(name)}"
-
-    in_force = f"{column('suppressed')} AND {column('expires_at')} > %s"
-    kept = ", ".join(
-        f"{q(c)} = CASE WHEN {in_force} THEN {column(c)} ELSE excluded.{q(c)} END"
-        for c in ("reason", "reply_code", "reply_status", "reply_text", "created_at")
-    )
-    return (
-        f"INSERT INTO {table} ({', '.join(map(q, _COLUMNS))}) VALUES ({', '.join(['%s'] * len(_COLUMNS))}) "
-        f"ON CONFLICT ({q('address')}) DO UPDATE SET {kept}, "
-        f"{q('suppressed')} = {column('expires_at')} > %s, "
-        f"{q('expires_at')} = CASE WHEN {in_force} THEN {column('expires_at')} "
-        f"WHEN {column('expires_at')} > %s THEN %s ELSE excluded.{q('expires_at')} END "
-        f"RETURNING {q('suppressed')}, {q('created_at')}"
-    )
-
-
 def update_suppressions(store: ORMWriter, change: SuppressionChange, *, now: datetime) -> SuppressionUpdate:
     """Apply a change in one transaction: an upsert per entry or expiry, one ``DELETE`` per 500 cleared."""
     written = list(change.add)
@@ -157,17 +132,45 @@ def update_suppressions(store: ORMWriter, change: SuppressionChange, *, now: dat
         for entry in change.add:
             cursor.execute(_upsert_sql(store), _values(store, entry, suppressed=True, expires_at=entry.expires_at))
         for entry in change.expired:
-            note = _values(store, entry, suppressed=False, expires_at=change.note_until or now)
-            cursor.execute(_expiry_sql(store), [*note, *[at] * 8, store.prep_time(entry.expires_at)])
-            suppressed, created_at = cursor.fetchone()
-            # A lasting note became this entry; an entry in force kept its own time.
-            if suppressed and _time(created_at) == entry.created_at:
+            if _expired_once_more(store, cursor, entry, change.note_until or now, now):
                 written.append(entry)
         for start in range(0, len(change.clear), ADDRESSES_PER_STATEMENT):
             removed += _delete(store, cursor, change.clear[start : start + ADDRESSES_PER_STATEMENT], now)
         if written:
             _drop_expired(store, cursor, at, limit=PURGE_ON_THE_WAY)
     return SuppressionUpdate(suppressed=tuple(written), removed=tuple(removed))
+
+
+def _expired_once_more(store: ORMWriter, cursor: Any, entry: Suppression, note_until: datetime, now: datetime) -> bool:
+    """Note an expiry of ``entry.address``; return whether it put ``entry`` in force.
+
+    A new address gets its note in the first statement. Otherwise the row is read under
+    its lock (``FOR UPDATE`` on PostgreSQL; SQLite's write lock, which the ``INSERT``
+    took, on SQLite), so of two workers noting the same address at once, the second
+    sees the note the first wrote: an entry in force stays, a lasting note becomes the
+    entry, a lapsed one is noted anew. Expiries are rare: three statements at most.
+    """
+    table, q = _table(store), store.quote
+    cursor.execute(
+        f"INSERT INTO {table} ({', '.join(map(q, _COLUMNS))}) VALUES ({', '.join(['%s'] * len(_COLUMNS))}) "
+        f"ON CONFLICT ({q('address')}) DO NOTHING RETURNING {q('address')}",
+        _values(store, entry, suppressed=False, expires_at=note_until),
+    )
+    if cursor.fetchone() is not None:
+        return False
+    lock = " FOR UPDATE" if store.connection.vendor == "postgresql" else ""
+    cursor.execute(
+        f"SELECT {q('suppressed')}, {q('expires_at')} FROM {table} WHERE {q('address')} = %s{lock}", [entry.address]
+    )
+    suppressed, expires_at = cursor.fetchone()
+    lasting = _time(expires_at) > now
+    if suppressed and lasting:
+        return False
+    cursor.execute(
+        _upsert_sql(store),
+        _values(store, entry, suppressed=lasting, expires_at=entry.expires_at if lasting else note_until),
+    )
+    return bool(lasting)
 
 
 def _delete(store: ORMWriter, cursor: Any, addresses: Sequence[str], now: datetime) -> list[str]:
