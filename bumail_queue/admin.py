@@ -89,6 +89,17 @@ def _secure(response: HttpResponseBase) -> HttpResponseBase:
     return response
 
 
+def _page(model_admin: admin.ModelAdmin[Any], view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
+    """A page of ours: ``admin_view`` (active staff only, CSRF-protected, never cached), sent ``_secure``."""
+    return model_admin.admin_site.admin_view(lambda *args, **kwargs: _secure(view(*args, **kwargs)))
+
+
+def _url_of(model_admin: admin.ModelAdmin[Any], name: str, *args: Any) -> str:
+    """The URL of one of ``model_admin``'s pages, on its own admin site."""
+    opts = model_admin.opts
+    return reverse(f"{model_admin.admin_site.name}:{opts.app_label}_{opts.model_name}_{name}", args=args)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class RecipientRow:
     """A recipient as the pages show it: its state, its last reply and where from."""
@@ -183,21 +194,16 @@ class ItemAdmin(_ItemAdminBase):
 
     def get_urls(self) -> list[URLPattern]:
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
-
-        def wrap(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
-            # admin_view: active staff only, CSRF-protected, never cached.
-            return self.admin_site.admin_view(lambda *args, **kwargs: _secure(view(*args, **kwargs)))
-
         return [
-            path("", wrap(self.changelist_view), name=f"{prefix}_changelist"),
-            path("overview/", wrap(self.overview_view), name=f"{prefix}_overview"),
-            path("<str:object_id>/change/", wrap(self.change_view), name=f"{prefix}_change"),
-            path("<str:object_id>/message.eml", wrap(self.eml_view), name=f"{prefix}_eml"),
-            path("<str:object_id>/", wrap(self.item_redirect), name=f"{prefix}_item"),
+            path("", _page(self, self.changelist_view), name=f"{prefix}_changelist"),
+            path("overview/", _page(self, self.overview_view), name=f"{prefix}_overview"),
+            path("<str:object_id>/change/", _page(self, self.change_view), name=f"{prefix}_change"),
+            path("<str:object_id>/message.eml", _page(self, self.eml_view), name=f"{prefix}_eml"),
+            path("<str:object_id>/", _page(self, self.item_redirect), name=f"{prefix}_item"),
         ]
 
     def _url(self, name: str, *args: Any) -> str:
-        return reverse(f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_{name}", args=args)
+        return _url_of(self, name, *args)
 
     def _log_url(self) -> str | None:
         try:
@@ -542,17 +548,13 @@ class SuppressionAdmin(_SuppressionAdminBase):
 
     def get_urls(self) -> list[URLPattern]:
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
-
-        def wrap(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
-            return self.admin_site.admin_view(lambda *args, **kwargs: _secure(view(*args, **kwargs)))
-
         return [
-            path("", wrap(self.changelist_view), name=f"{prefix}_changelist"),
-            path("add/", wrap(self.add_view), name=f"{prefix}_add"),
+            path("", _page(self, self.changelist_view), name=f"{prefix}_changelist"),
+            path("add/", _page(self, self.add_view), name=f"{prefix}_add"),
         ]
 
     def _url(self, name: str) -> str:
-        return reverse(f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_{name}")
+        return _url_of(self, name)
 
     def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
         return {
