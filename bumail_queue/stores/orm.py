@@ -177,9 +177,10 @@ class ORMStore(QueueStore):
                         cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE")
                     yield cursor
 
-    def writing(self) -> AbstractContextManager[Any]:
-        """Yield a cursor for a write of several statements: one transaction at READ COMMITTED."""
-        return self._writing()
+    def writing(self, *, single_statement: bool = False) -> AbstractContextManager[Any]:
+        """Yield a cursor for a write: one transaction at READ COMMITTED, or for a single
+        statement none of its own where the connection's default allows (``_writing``)."""
+        return self._writing(single_statement=single_statement)
 
     # -- adding -----------------------------------------------------------------------
 

@@ -51,7 +51,7 @@ class ORMWriter(Protocol):
 
     def translated_errors(self) -> AbstractContextManager[None]: ...
 
-    def writing(self) -> AbstractContextManager[Any]: ...
+    def writing(self, *, single_statement: bool = False) -> AbstractContextManager[Any]: ...
 
 
 def _table(store: ORMWriter) -> str:
@@ -128,7 +128,10 @@ def update_suppressions(store: ORMWriter, change: SuppressionChange, *, now: dat
     written = list(change.add)
     removed: list[str] = []
     at = store.prep_time(now)
-    with store.writing() as cursor:
+    # The common change, a batch's deliveries taking their addresses off, is one
+    # DELETE: no transaction of its own, and no commit to wait for when it finds none.
+    alone = not change.add and not change.expired and len(change.clear) <= ADDRESSES_PER_STATEMENT
+    with store.writing(single_statement=alone) as cursor:
         for entry in change.add:
             cursor.execute(_upsert_sql(store), _values(store, entry, suppressed=True, expires_at=entry.expires_at))
         for entry in change.expired:
