@@ -590,7 +590,10 @@ class Worker:
             connections.close_all()
 
     def attempt(self, item: QueueItem) -> Attempt | None:
-        """Try every pending recipient of ``item`` once; ``None`` if the item is gone."""
+        """Try every pending recipient of ``item`` once; ``None`` if the item is gone.
+
+        Those the claim found on the suppression list fail at once, untried.
+        """
         with self._changed:
             message = self._prefetched.pop(item.id, None)
             suppressed = self._suppressed.pop(item.id, {})
