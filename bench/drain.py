@@ -1,13 +1,15 @@
 """How fast one worker drains the queue to a local SMTP sink, beside plain smtplib.
 
     python bench/drain.py [--n N] [--concurrency C] [--postgres URL] [--redis URL] [--smtp-sink PATH] [--dkim]
+                          [--suppression]
 
 One run, one Markdown table: for SQLite, PostgreSQL and Redis (with PostgreSQL as
 Django's database, which keeps the delivery log), ``queue.deliver_due()`` (the
 worker's own loop, claims, sessions and records) with connection reuse on and off,
 and, as the ceiling, plain ``smtplib`` sending the same messages over one connection
 with no queue at all. ``--dkim`` adds SQLite rows whose mail is signed with an
-RSA-2048 or an Ed25519 key. The sink is Postfix's ``smtp-sink`` on a loopback port.
+RSA-2048 or an Ed25519 key; ``--suppression`` adds, for each store, a row with
+``SUPPRESSION`` off beside the default (on), the suppression list's cost. The sink is Postfix's ``smtp-sink`` on a loopback port.
 Compare the rows with each other only.
 """
 
@@ -84,6 +86,7 @@ def drain_round(
     port: int,
     redis_url: str | None = None,
     dkim: list[dict[str, str]] | None = None,
+    extra: dict[str, object] | None = None,
 ) -> tuple[str, float, int]:
     """Enqueue n, then time one burst of the worker; return (store, seconds, delivered)."""
     if redis_url is not None:
@@ -102,6 +105,7 @@ def drain_round(
         "CONNECTION_REUSE_SECONDS": reuse,
         "CONCURRENCY": concurrency,
         "DKIM": dkim or [],
+        **(extra or {}),
     }
     with override_settings(BUMAIL_QUEUE=settings):
         service = QueueService()
@@ -152,6 +156,9 @@ def main() -> int:
     parser.add_argument(
         "--dkim", action="store_true", help="add rows signed with RSA-2048 and Ed25519 (SQLite, reuse on; extra dkim)"
     )
+    parser.add_argument(
+        "--suppression", action="store_true", help="add rows with SUPPRESSION off (reuse on), for the list's cost"
+    )
     args = parser.parse_args()
     if not Path(args.smtp_sink).exists():
         print("smtp-sink not found (Debian: apt-get install postfix); give --smtp-sink PATH", file=sys.stderr)
@@ -184,6 +191,15 @@ def main() -> int:
                             delivered / seconds,
                             check,
                         )
+                    )
+            if args.suppression:
+                for url, redis_url in stores:
+                    label, seconds, delivered = in_child(
+                        drain_round, url, args.n, args.concurrency, 10.0, port, redis_url, None, {"SUPPRESSION": False}
+                    )
+                    check = "ok" if delivered == args.n else f"only {delivered} delivered"
+                    rows.append(
+                        ("worker, reuse on, SUPPRESSION off", label, args.concurrency, delivered / seconds, check)
                     )
             if args.dkim:
                 for algorithm in ("rsa-sha256", "ed25519-sha256"):

@@ -28,7 +28,7 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .addresses import a_labels
+from .addresses import normal_domain
 from .errors import QueueConfigurationError
 from .sts import STSMode
 
@@ -91,6 +91,13 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     # their own (every other is "other"), and the bearer token of the metrics view.
     "METRICS_DOMAINS": [],
     "METRICS_TOKEN": None,
+    # The suppression list: addresses whose mailbox or domain does not exist, or whose
+    # delivery time expired twice within SUPPRESSION_EXPIRY_WINDOW (None: never), fail
+    # at once for SUPPRESSION_DURATION; SUPPRESSION_DSN: with a DSN, as other failures.
+    "SUPPRESSION": True,
+    "SUPPRESSION_DURATION": timedelta(days=30),
+    "SUPPRESSION_EXPIRY_WINDOW": timedelta(days=30),
+    "SUPPRESSION_DSN": True,
 }
 
 #: RFC 5321 §4.5.3.2's timeouts, in seconds; ``TIMEOUTS`` overrides any of them.
@@ -263,6 +270,10 @@ class QueueSettings:
     poll_seconds: float
     delivery_log: bool
     delivery_log_retention: timedelta | None
+    suppression: bool
+    suppression_duration: timedelta
+    suppression_expiry_window: timedelta | None
+    suppression_dsn: bool
     tasks: TaskSettings | None = None
     metrics_domains: frozenset[str] = frozenset()
     metrics_token: str | None = dataclasses.field(default=None, repr=False)
@@ -278,14 +289,9 @@ class QueueSettings:
 
 
 def normalise_domain(domain: str) -> str:
-    """Return the form domains are compared in: lowercase IDNA2008 A-labels
-    (:func:`~bumail_queue.addresses.a_labels`), no trailing dot. A domain IDNA2008
-    refuses is returned lowercase, as no A-label form can equal it."""
-    domain = domain.rstrip(".").lower()
-    try:
-        return a_labels(domain)
-    except UnicodeError:
-        return domain
+    """Return the form domains are compared in (:func:`~bumail_queue.addresses.normal_domain`):
+    lowercase IDNA2008 A-labels, no trailing dot."""
+    return normal_domain(domain)
 
 
 # Suffixes of names that are no fully qualified domain name of a mail host, though
@@ -631,6 +637,7 @@ def validate(raw: Any) -> list[Problem]:
     for problem in _task_problems(raw.get("TASKS")):
         check.add("bumail_queue.E025", "TASKS", f"BUMAIL_QUEUE['TASKS'] {problem}.")
     _check_metrics(check, raw)
+    _check_suppression(check, raw)
     return check.problems
 
 
@@ -746,6 +753,15 @@ def _check_metrics(check: _Validator, raw: Mapping[str, Any]) -> None:
             "ASCII characters without spaces (python -c 'import secrets; print(secrets.token_urlsafe(32))' "
             "makes one).",
         )
+
+
+def _check_suppression(check: _Validator, raw: Mapping[str, Any]) -> None:
+    for key in ("SUPPRESSION", "SUPPRESSION_DSN"):
+        if not isinstance(raw.get(key, DEFAULTS[key]), bool):
+            check.add("bumail_queue.E030", key, f"BUMAIL_QUEUE['{key}'] must be True or False; got {raw[key]!r}.")
+    check.duration(raw, "SUPPRESSION_DURATION", "bumail_queue.E030")
+    if raw.get("SUPPRESSION_EXPIRY_WINDOW", DEFAULTS["SUPPRESSION_EXPIRY_WINDOW"]) is not None:
+        check.duration(raw, "SUPPRESSION_EXPIRY_WINDOW", "bumail_queue.E030")
 
 
 def _check_dkim(check: _Validator, raw: Mapping[str, Any]) -> None:
@@ -909,6 +925,12 @@ def load(raw: Any) -> QueueSettings:
         tasks=_tasks_from(values["TASKS"]),
         metrics_domains=frozenset(map(normalise_domain, values["METRICS_DOMAINS"])),
         metrics_token=values["METRICS_TOKEN"],
+        suppression=values["SUPPRESSION"],
+        suppression_duration=_as_timedelta(values["SUPPRESSION_DURATION"]),
+        suppression_expiry_window=None
+        if values["SUPPRESSION_EXPIRY_WINDOW"] is None
+        else _as_timedelta(values["SUPPRESSION_EXPIRY_WINDOW"]),
+        suppression_dsn=values["SUPPRESSION_DSN"],
     )
 
 

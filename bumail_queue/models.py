@@ -212,3 +212,42 @@ class TLSReportCount(models.Model):
 
     def __str__(self) -> str:
         return f"{self.day} {self.domain} {self.result or 'successful'}: {self.count}"
+
+
+class Suppression(models.Model):
+    """An address of the suppression list, kept by the ORM store; see ``docs/suppression.md``.
+
+    ``suppressed`` is false for a note of a first expiry (``MAX_AGE``), which becomes
+    an entry when a second comes before ``expires_at``. Read and change the list
+    through ``bumail_queue.queue`` (``suppressed``, ``suppress``, ``unsuppress``).
+    """
+
+    class Reason(models.TextChoices):
+        FAILED = "failed", _("failed: no such mailbox or domain")
+        EXPIRED = "expired", _("delivery time expired twice")
+        MANUAL = "manual", _("added by an operator")
+
+    # The local part as written, the domain in lowercase A-labels (addresses.normal_address).
+    address = models.CharField(_("address"), max_length=320, primary_key=True)
+    suppressed = models.BooleanField(_("suppressed"), default=True)
+    reason = models.CharField(_("reason"), max_length=16, choices=Reason.choices)
+    reply_code = models.PositiveSmallIntegerField(_("reply code"), null=True, blank=True)
+    reply_status = models.CharField(_("enhanced status"), max_length=16, blank=True)
+    reply_text = models.TextField(_("reply"), blank=True)
+    created_at = models.DateTimeField(_("suppressed at"))
+    expires_at = models.DateTimeField(_("expires at"))
+
+    class Meta:
+        db_table = "bumail_queue_suppressions"
+        verbose_name = _("suppressed address")
+        verbose_name_plural = _("suppressed addresses")
+        ordering = ("-created_at", "-address")
+        indexes = (
+            # The newest first (the admin's list).
+            models.Index(fields=("created_at",), name="bumail_queue_suppr_created"),
+            # The purge of what expired.
+            models.Index(fields=("expires_at",), name="bumail_queue_suppr_expires"),
+        )
+
+    def __str__(self) -> str:
+        return self.address

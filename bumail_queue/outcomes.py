@@ -4,11 +4,12 @@
 records: a deferral past ``MAX_AGE`` becomes a failure (``4.4.7``), the next attempt
 is scheduled, a delay DSN falls due. The ``Attempt`` keeps the header block of the
 message the attempt read, as the DSNs return it: recording the last recipient drops
-the message from the store. The ``Recorder`` then records a batch of
-attempts in one step of the store and tells each one on its own: the worker's
-counts, a log line per recipient, the signals, the delivery log (gathered into one
-write per batch) and the DSNs, which it queues through the enqueue callable it is
-given. The worker owns one recorder and calls it from its recorder thread.
+the message from the store. The ``Recorder`` then records a batch of attempts in
+one step of the store, writes what they change on the suppression list in one more,
+and tells each one on its own: the worker's counts, a log line per recipient, the
+signals, the delivery log (gathered into one write per batch) and the DSNs, which it
+queues through the enqueue callable it is given. The worker owns one recorder and
+calls it from its recorder thread.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from bumail_queue.items import (
     reply_line,
 )
 from bumail_queue.stores import QueueStore
+from bumail_queue.suppression import change_from
 
 __all__ = [
     "EXPIRED_STATUS",
@@ -82,7 +84,8 @@ class Attempt:
     ``headers`` is the header block of the message the attempt read (``None`` when
     the store had lost it: ``lost_message``), kept for the DSNs without the body, so
     a batch of attempts holds little memory. ``expired`` gives each recipient that
-    failed at ``MAX_AGE`` the last reply it had before.
+    failed at ``MAX_AGE`` the last reply it had before; ``suppressed`` names those
+    that failed without a session because the suppression list holds them.
     """
 
     item: QueueItem
@@ -91,6 +94,7 @@ class Attempt:
     headers: bytes | None
     tls: dict[str, bool] = dataclasses.field(default_factory=dict)
     expired: dict[str, Reply] = dataclasses.field(default_factory=dict)
+    suppressed: frozenset[str] = frozenset()
     delay_due: bool = False
 
     @property
@@ -149,10 +153,12 @@ def decide_attempt(
     now: datetime,
     rng: random.Random,
     tls: dict[str, bool] | None = None,
+    suppressed: frozenset[str] = frozenset(),
 ) -> Attempt:
     """Return what recording the replies of one attempt at ``item`` must write.
 
-    ``message`` is the message the attempt read, ``None`` when the store had lost it.
+    ``message`` is the message the attempt read, ``None`` when the store had lost it;
+    ``suppressed``, the recipients failed because the suppression list holds them.
     """
     expired: dict[str, Reply] = {}
     if has_expired(item.created_at, now, settings):
@@ -177,6 +183,7 @@ def decide_attempt(
         headers=None if message is None else header_block(message),
         tls=tls or {},
         expired=expired,
+        suppressed=suppressed,
         delay_due=delay_due,
     )
 
@@ -279,8 +286,50 @@ class Recorder:
                 )
                 time.sleep(delay)
                 close_broken_connections()
+        self._update_suppressions(attempts, done)
         with delivery_log.gathered():  # the batch's log entries in one INSERT
             return [self._told_alone(attempt, recorded) for attempt, recorded in zip(attempts, done, strict=True)]
+
+    def _update_suppressions(self, attempts: Sequence[Attempt], done: Sequence[QueueItem | QueueError | None]) -> None:
+        """Write what the recorded outcomes change on the suppression list, in one step of the store.
+
+        Before the signals, so that a receiver of ``failed`` finds the address on the
+        list. Only recorded outcomes count: an attempt whose lease was lost is made
+        again, and its expiry would count twice. The list is the queue's care, never
+        the mail's: a store that refuses the write is reported, and the batch goes on.
+        """
+        settings = self.settings
+        if not settings.suppression:
+            return
+        outcomes = [
+            (address, outcome, address in attempt.expired)
+            for attempt, recorded in zip(attempts, done, strict=True)
+            if isinstance(recorded, QueueItem)
+            for address, outcome in attempt.result.outcomes.items()
+            if address not in attempt.suppressed
+        ]
+        now = self.clock()
+        change = change_from(
+            outcomes,
+            now=now,
+            duration=settings.suppression_duration,
+            expiry_window=settings.suppression_expiry_window,
+        )
+        if not change:
+            return
+        try:
+            update = self.store.update_suppressions(change, now=now)
+        except QueueError as error:
+            report_error(error, None)
+            return
+        for entry in update.suppressed:
+            logger.info(
+                "suppressed address=%s reason=%s until=%s reply=%s",
+                entry.address, entry.reason.value, entry.expires_at.isoformat(), reply_line(entry.reply),
+                extra={"action": "suppressed"},
+            )  # fmt: skip
+        for address in update.removed:
+            logger.info("unsuppressed address=%s after a delivery", address, extra={"action": "unsuppressed"})
 
     def _told_alone(self, attempt: Attempt, recorded: QueueItem | QueueError | None) -> QueueItem | None:
         """Tell one attempt; what goes wrong there is that item's alone, never the batch's.
@@ -375,7 +424,13 @@ class Recorder:
         if not item.sender:
             return  # never a DSN about a message from <> (RFC 5321 §4.5.5)
         now = self.clock()
-        failed = [a for a, o in attempt.result.outcomes.items() if o.status == RecipientStatus.FAILED]
+        # A suppressed recipient is reported as any failure, unless SUPPRESSION_DSN is off.
+        told_of_suppressed = self.settings.suppression_dsn
+        failed = [
+            a
+            for a, o in attempt.result.outcomes.items()
+            if o.status == RecipientStatus.FAILED and (told_of_suppressed or a not in attempt.suppressed)
+        ]
         if failed:
             self._send_dsn("failed", attempt, failed, now)
         if attempt.delay_due:
@@ -424,6 +479,7 @@ class Recorder:
             last_attempt_at=now,
             status=None if last is None else EXPIRED_STATUS,
             reason="" if last is None else _expiry_reason(self.settings.max_age),
+            attempted=address not in attempt.suppressed,
         )
 
 

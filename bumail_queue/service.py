@@ -15,12 +15,13 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from . import mime, signals
-from .addresses import domain_problem
+from .addresses import domain_of, domain_problem, mailbox_problem, normal_address
 from .conf import QueueSettings, get_settings, normalise_domain
 from .errors import ErrorCode, QueueError, first_line
-from .items import NewItem, QueueItem
+from .items import NewItem, QueueItem, Reply
 from .queries import AGE_BUCKETS, ItemQuery, ItemState, QueueSummary, RetryResult
 from .stores import QueueStore, get_store
+from .suppression import Suppression, SuppressionChange, SuppressionReason
 from .text import require_keepable
 
 if TYPE_CHECKING:
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 Clock = Callable[[], datetime]
 
 logger = logging.getLogger(__name__)
+#: The longest note an operator may give a suppression.
+MAX_NOTE = 500
 
 
 class QueueService:
@@ -279,6 +282,84 @@ class QueueService:
     def read_message(self, id: str) -> bytes | None:
         """Return an item's message as queued, or ``None``."""
         return self.store.read_message(str(id))
+
+    # -- the suppression list: the admin, queue_suppression ------------------------------
+
+    def suppressed(self, addresses: Sequence[str]) -> dict[str, Suppression]:
+        """Return the entries in force for those of ``addresses`` on the suppression list.
+
+        Keyed by each address as given; one round trip to the store for them all.
+        """
+        given = [addresses] if isinstance(addresses, str) else [str(address) for address in addresses]
+        return self.store.suppressions_of(given, now=self.clock())
+
+    def suppress(self, address: str, *, note: str = "", duration: timedelta | None = None) -> Suppression:
+        """Put ``address`` on the suppression list as an operator (reason ``manual``).
+
+        For ``duration`` (``SUPPRESSION_DURATION`` unless given); an entry the address
+        had is replaced. ``note`` says why, on the list's pages. Raises
+        ``QueueError(INVALID)`` for an address that is no mailbox, a duration that is
+        not a positive ``timedelta``, or text that cannot be kept.
+        """
+        problem = mailbox_problem(address) if isinstance(address, str) else "it is not a string"
+        if problem:
+            raise QueueError(ErrorCode.INVALID, f"{address!r} cannot be suppressed: {problem}.", recipient=address)
+        if duration is None:
+            duration = self.settings.suppression_duration
+        elif not isinstance(duration, timedelta) or duration <= timedelta(0):
+            raise QueueError(ErrorCode.INVALID, f"A suppression lasts a positive timedelta; got {duration!r}.")
+        if not isinstance(note, str) or len(note) > MAX_NOTE:
+            raise QueueError(ErrorCode.INVALID, f"A suppression's note is a string of at most {MAX_NOTE} characters.")
+        now = self.clock()
+        entry = Suppression(
+            address=normal_address(address),
+            reason=SuppressionReason.MANUAL,
+            reply=Reply(code=None, status="", text=require_keepable(note.strip(), "note")),
+            created_at=now,
+            expires_at=now + duration,
+        )
+        self.store.update_suppressions(SuppressionChange(add=(entry,)), now=now)
+        return entry
+
+    def unsuppress(self, addresses: Sequence[str] = (), *, domain: str | None = None) -> builtins.list[str]:
+        """Take addresses off the suppression list, with any note of a first expiry.
+
+        ``addresses`` as given, or with ``domain`` every address on the list at that
+        domain (compared as routes compare domains), as after an outage there.
+        Returns those whose entries were in force, in ``addresses.normal_address``'s
+        form. Raises ``QueueError(INVALID)`` for a domain that is none.
+        """
+        given = [addresses] if isinstance(addresses, str) else [str(address) for address in addresses]
+        if domain is not None:
+            given += self._suppressed_at(_recipient_domain(domain))
+        clear = tuple(dict.fromkeys(normal_address(address) for address in given))
+        return builtins.list(self.store.update_suppressions(SuppressionChange(clear=clear), now=self.clock()).removed)
+
+    def _suppressed_at(self, domain: str) -> builtins.list[str]:
+        """The addresses on the list at ``domain`` (in ``normalise_domain``'s form), a page at a time."""
+        found: builtins.list[str] = []
+        now, offset = self.clock(), 0
+        while page := self.store.search_suppressions(now=now, text=f"@{domain}", offset=offset, limit=1000):
+            found += [entry.address for entry in page if domain_of(entry.address) == domain]
+            offset += len(page)
+        return found
+
+    def search_suppressions(
+        self, *, text: str | None = None, offset: int = 0, limit: int = 100
+    ) -> builtins.list[Suppression]:
+        """Return a page of the entries in force, the newest first; with ``text``, those
+        whose address holds it (its domain as written or in A-labels, ASCII case aside)."""
+        if offset < 0 or limit < 0:
+            raise QueueError(ErrorCode.INVALID, "'offset' and 'limit' must be 0 or more.")
+        return self.store.search_suppressions(now=self.clock(), text=text or None, offset=offset, limit=limit)
+
+    def count_suppressions(self) -> int:
+        """Return how many addresses the suppression list holds now."""
+        return self.store.count_suppressions(now=self.clock())
+
+    def purge_suppressions(self) -> int:
+        """Drop the entries that expired (lookups skip them already); return how many."""
+        return self.store.purge_suppressions(now=self.clock())
 
     def deliver_due(
         self,

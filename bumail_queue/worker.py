@@ -12,7 +12,9 @@ One ``Worker`` runs one claim loop in the calling thread and delivers on a pool 
 threads, one per session (SMTP is I/O, and ``smtplib`` blocks). The loop:
 
 1. claims up to ``CLAIM_BATCH_SIZE`` due items once fewer than half a batch (or
-   ``CONCURRENCY``) wait to start, so the claim overlaps the last deliveries;
+   ``CONCURRENCY``) wait to start, so the claim overlaps the last deliveries, and
+   looks their pending recipients up in the suppression list (one round trip): a
+   suppressed recipient fails without a session;
 2. starts each on a thread once fewer than ``CONCURRENCY`` sessions are making
    progress and its destinations have a free ``DOMAIN_CONCURRENCY`` slot (an item
    waiting for a busy domain never blocks the others). A session of a small message
@@ -41,7 +43,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from datetime import UTC, datetime
 
 from django.db import connections
@@ -68,6 +70,7 @@ from bumail_queue.outcomes import (
 )
 from bumail_queue.stores import QueueStore, get_store
 from bumail_queue.stores.base import WorkListener
+from bumail_queue.suppression import Suppression, suppressed_reply
 from bumail_queue.threads import ThreadPool
 
 __all__ = [
@@ -189,6 +192,8 @@ class Worker:
         self._sessions: dict[str, _Session] = {}
         self._to_record: queue_module.SimpleQueue[Attempt | None] = queue_module.SimpleQueue()
         self._prefetched: dict[str, bytes] = {}
+        # Per claimed item, its pending recipients the suppression list held at the claim.
+        self._suppressed: dict[str, dict[str, Suppression]] = {}
         self._busy: Counter[str] = Counter()
         # The last claim took fewer items than it asked for: the queue had no more due,
         # so finished sessions need not wake the loop to claim until mail is announced.
@@ -375,10 +380,12 @@ class Worker:
         if self.meter is not None:
             self.meter.claimed(len(claimed))
         prefetched = self._prefetch(claimed)
+        suppressed = self._suppressed_in(claimed, now)
         with self._changed:
             self._drained = drained
-            self._waiting.extend((item, self._limit_keys(item)) for item in claimed)
+            self._waiting.extend((item, self._limit_keys(item, suppressed.get(item.id, {}))) for item in claimed)
             self._prefetched.update(prefetched)
+            self._suppressed.update(suppressed)
             for item in claimed:
                 self._lease_until[item.id] = until
         return claimed
@@ -409,8 +416,33 @@ class Worker:
         except QueueError:
             return {}
 
-    def _limit_keys(self, item: QueueItem) -> set[str]:
-        pending = [r.address for r in item.pending_recipients]
+    def _suppressed_in(self, claimed: list[QueueItem], now: datetime) -> dict[str, dict[str, Suppression]]:
+        """Look a claim's pending recipients up in the suppression list, in one round trip.
+
+        Here, before routing, rather than at enqueue: enqueue reads nothing more, an
+        address suppressed after its mail was queued (a deferred recipient's) is caught
+        at its next attempt, and a suppressed recipient fails through the recorder, with
+        its signal, log entry and DSN, as any other failure.
+        """
+        if not self.settings.suppression or not claimed:
+            return {}
+        addresses = {r.address for item in claimed for r in item.pending_recipients}
+        try:
+            found = self.store.suppressions_of(addresses, now=now)
+        except QueueError as error:
+            # The lesser harm is to deliver: a remote that refuses a dead mailbox says so again.
+            report_error(error, None)
+            return {}
+        by_item = {}
+        for item in claimed:
+            held = {r.address: found[r.address] for r in item.pending_recipients if r.address in found}
+            if held:
+                by_item[item.id] = held
+        return by_item
+
+    def _limit_keys(self, item: QueueItem, suppressed: Container[str] = ()) -> set[str]:
+        # A suppressed recipient needs no session, so no slot at its destination.
+        pending = [r.address for r in item.pending_recipients if r.address not in suppressed]
         return {d.limit_key for d in group_by_destination(pending, self.settings)}
 
     def _start_what_fits(self, pool: ThreadPool) -> None:
@@ -504,6 +536,7 @@ class Worker:
     def _forget(self, item_id: str) -> None:
         """Drop an item the worker no longer holds (call with ``_changed`` held)."""
         self._prefetched.pop(item_id, None)
+        self._suppressed.pop(item_id, None)
         self._in_flight.pop(item_id, None)
         self._ended.discard(item_id)
         self._lease_until.pop(item_id, None)
@@ -513,6 +546,8 @@ class Worker:
             waiting = [item for item, _ in self._waiting]
             self._waiting = []
             self._prefetched.clear()
+            for item in waiting:
+                self._suppressed.pop(item.id, None)
         now = self.clock()
         for item in waiting:
             try:
@@ -622,9 +657,13 @@ class Worker:
             connections.close_all()
 
     def attempt(self, item: QueueItem) -> Attempt | None:
-        """Try every pending recipient of ``item`` once; ``None`` if the item is gone."""
+        """Try every pending recipient of ``item`` once; ``None`` if the item is gone.
+
+        Those the claim found on the suppression list fail at once, untried.
+        """
         with self._changed:
             message = self._prefetched.pop(item.id, None)
+            suppressed = self._suppressed.pop(item.id, {})
         if message is None:
             close_broken_connections()  # the only database use of a delivery thread
             message = self.store.read_message(item.id)
@@ -636,10 +675,14 @@ class Worker:
                 for r in item.pending_recipients
             }
             return self._attempt_from(item, lost, dict.fromkeys(lost), message=None)
-        outcomes: dict[str, Outcome] = {}
-        remote_hosts: dict[str, str | None] = {}
+        # A suppressed recipient fails at once, with no session: its reply says until when.
+        outcomes = {
+            address: Outcome(status=RecipientStatus.FAILED, reply=suppressed_reply(entry))
+            for address, entry in suppressed.items()
+        }
+        remote_hosts: dict[str, str | None] = dict.fromkeys(suppressed)
         tls: dict[str, bool] = {}
-        pending = [r.address for r in item.pending_recipients]
+        pending = [r.address for r in item.pending_recipients if r.address not in suppressed]
         for destination, addresses in group_by_destination(pending, self.settings).items():
             delivery = self._deliver_to(
                 destination, Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message)
@@ -650,7 +693,9 @@ class Worker:
                 tls[address] = delivery.tls
         # The message is handed on: the DSNs return its header block, and recording
         # the last pending recipient drops it from the store.
-        return self._attempt_from(item, outcomes, remote_hosts, message=message, tls=tls)
+        return self._attempt_from(
+            item, outcomes, remote_hosts, message=message, tls=tls, suppressed=frozenset(suppressed)
+        )
 
     def _deliver_to(self, destination: Destination, envelope: Envelope) -> Delivery:
         route = destination.route
@@ -693,6 +738,7 @@ class Worker:
         *,
         message: bytes | None,
         tls: dict[str, bool] | None = None,
+        suppressed: frozenset[str] = frozenset(),
     ) -> Attempt:
         return decide_attempt(
             item,
@@ -703,6 +749,7 @@ class Worker:
             now=self.clock(),
             rng=self.rng,
             tls=tls,
+            suppressed=suppressed,
         )
 
     # -- recording ----------------------------------------------------------------------

@@ -255,6 +255,18 @@ PROBLEMS = [
     ({"TLS_CA_FILE": "/no/such/ca.pem"}, "bumail_queue.E027", "'/no/such/ca.pem' is not a file"),
     ({"TLS_CA_FILE": "/"}, "bumail_queue.E027", "the system's trust store) or the path of a file of PEM CA"),
     ({1: "one"}, "bumail_queue.E002", "unknown key 1"),
+    ({"SUPPRESSION": "yes"}, "bumail_queue.E030", "BUMAIL_QUEUE['SUPPRESSION'] must be True or False; got 'yes'."),
+    ({"SUPPRESSION": None}, "bumail_queue.E030", "got None"),
+    ({"SUPPRESSION_DSN": 1}, "bumail_queue.E030", "BUMAIL_QUEUE['SUPPRESSION_DSN'] must be True or False; got 1."),
+    (
+        {"SUPPRESSION_DURATION": 0},
+        "bumail_queue.E030",
+        "BUMAIL_QUEUE['SUPPRESSION_DURATION'] must be a timedelta or a number of seconds above 0",
+    ),
+    ({"SUPPRESSION_DURATION": None}, "bumail_queue.E030", "got None"),
+    ({"SUPPRESSION_DURATION": "30d"}, "bumail_queue.E030", "got '30d'"),
+    ({"SUPPRESSION_EXPIRY_WINDOW": timedelta(days=-1)}, "bumail_queue.E030", "['SUPPRESSION_EXPIRY_WINDOW']"),
+    ({"SUPPRESSION_EXPIRY_WINDOW": False}, "bumail_queue.E030", "got False"),
 ]
 
 
@@ -519,3 +531,22 @@ def test_a_tls_ca_file_without_certificates_is_e027(tmp_path):
 def test_mta_sts_can_be_turned_off_and_its_port_moved():
     loaded = load({"MTA_STS": False, "MTA_STS_HTTPS_PORT": 8443})
     assert (loaded.mta_sts, loaded.mta_sts_https_port) == (False, 8443)
+
+
+def test_the_suppression_list_is_on_for_30_days_with_dsns_by_default():
+    loaded = load({})
+
+    assert loaded.suppression is True
+    assert loaded.suppression_duration == timedelta(days=30)
+    assert loaded.suppression_expiry_window == timedelta(days=30)
+    assert loaded.suppression_dsn is True
+
+
+def test_suppression_durations_take_seconds_and_the_window_takes_none():
+    loaded = load({"SUPPRESSION_DURATION": 3600, "SUPPRESSION_EXPIRY_WINDOW": None, "SUPPRESSION": False})
+
+    assert (loaded.suppression, loaded.suppression_duration, loaded.suppression_expiry_window) == (
+        False,
+        timedelta(hours=1),
+        None,
+    )

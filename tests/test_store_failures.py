@@ -30,6 +30,8 @@ PURGE = ("queue_purge", "--older-than", "30d")
 RETRY = ("queue_retry",)
 RETRY_DOMAIN = ("queue_retry", "--domain", "example.org")
 TLSRPT = ("queue_tlsrpt", "--date", "2026-01-01")
+SUPPRESSED = ("queue_suppression", "list")
+UNSUPPRESS = ("queue_suppression", "remove", "--domain", "example.org")
 
 
 def run(args, *, database_url, queue=None, redis_url=None):
@@ -59,13 +61,15 @@ def unmigrated_sqlite(tmp_path):
     return f"sqlite:///{tmp_path / 'never-migrated.sqlite3'}"
 
 
-@pytest.mark.parametrize("args", [WORKER, STATUS, STATUS_JSON, PURGE, RETRY, RETRY_DOMAIN, TLSRPT], ids=" ".join)
+@pytest.mark.parametrize(
+    "args", [WORKER, STATUS, STATUS_JSON, PURGE, RETRY, RETRY_DOMAIN, TLSRPT, SUPPRESSED, UNSUPPRESS], ids=" ".join
+)
 def test_an_unmigrated_database_is_one_line_and_a_failure(tmp_path, args):
     done = run(args, database_url=unmigrated_sqlite(tmp_path))
     assert_one_line_error(done, "has manage.py migrate run?", "no such table")
 
 
-@pytest.mark.parametrize("args", [WORKER, STATUS, PURGE, RETRY], ids=" ".join)
+@pytest.mark.parametrize("args", [WORKER, STATUS, PURGE, RETRY, SUPPRESSED], ids=" ".join)
 def test_a_postgresql_nobody_listens_for_is_one_line_and_a_failure(args):
     done = run(args, database_url=f"postgres://postgres@127.0.0.1:{closed_port()}/postgres")
     assert_one_line_error(done, "could not be used", "Connection refused")
@@ -80,7 +84,9 @@ def test_a_postgresql_database_that_does_not_exist_is_one_line_and_a_failure(arg
     assert_one_line_error(done, "bumail_queue_no_such_database", "does not exist")
 
 
-@pytest.mark.parametrize("args", [WORKER, STATUS, STATUS_JSON, RETRY, RETRY_DOMAIN, TLSRPT], ids=" ".join)
+@pytest.mark.parametrize(
+    "args", [WORKER, STATUS, STATUS_JSON, RETRY, RETRY_DOMAIN, TLSRPT, SUPPRESSED, UNSUPPRESS], ids=" ".join
+)
 def test_a_redis_that_is_down_is_one_line_and_a_failure(tmp_path, args):
     queue = {"STORE": "redis", "REDIS_CONNECTION": "queue"}
     done = run(

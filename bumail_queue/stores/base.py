@@ -26,6 +26,11 @@ Every store runs the same contract suite (``bumail_queue.testing.StoreContract``
 - MTA-STS policies are kept one per domain, the last put replacing the one before,
   expired or not (the caller compares ``expires_at`` with its own time); TLS session
   counts of one kind add up, in one step per call, and a day's are read back whole.
+- The suppression list is keyed by ``addresses.normal_address``: an address is found
+  however its domain is written. An entry is in force until its ``expires_at``; one
+  past it is never returned, whether or not it was purged yet. ``suppressions_of``
+  answers a batch in one round trip; ``update_suppressions`` is one atomic step, so
+  two workers noting an address's expiries at once suppress it once they are two.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from bumail_queue.queries import (
     summarize,
 )
 from bumail_queue.sts import STSPolicy, TLSSessionCount
+from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate
 from bumail_queue.text import is_keepable, require_keepable
 
 #: How many bytes of each message ``read_message_heads`` returns unless told.
@@ -316,6 +322,55 @@ class QueueStore(abc.ABC):
     @abc.abstractmethod
     def purge_tls_session_counts(self, *, before: date) -> int:
         """Delete the counts of every day before ``before``; return how many kinds went."""
+
+    # -- the suppression list ---------------------------------------------------------
+
+    @abc.abstractmethod
+    def suppressions_of(self, addresses: Iterable[str], *, now: datetime) -> dict[str, Suppression]:
+        """Return the entries in force at ``now`` for those of ``addresses`` on the list.
+
+        Keyed by each address as given; an address not on the list (or whose entry
+        expired) is left out. One round trip for the whole batch: the worker asks
+        once per claim.
+        """
+
+    @abc.abstractmethod
+    def update_suppressions(self, change: SuppressionChange, *, now: datetime) -> SuppressionUpdate:
+        """Apply ``change`` in one atomic step; return what it did (see ``SuppressionChange``).
+
+        An address of ``change.expired`` with a note of an earlier expiry still
+        lasting at ``now`` gets its entry from there; one without gets a note until
+        ``change.note_until`` (an address whose entry is in force keeps it). The
+        entries written and the entries in force taken off are returned.
+        """
+
+    @abc.abstractmethod
+    def search_suppressions(
+        self, *, now: datetime, text: str | None = None, offset: int = 0, limit: int = 100
+    ) -> builtins.list[Suppression]:
+        """Return a page of the entries in force at ``now``, the newest first.
+
+        With ``text``, only those whose address holds it (``suppression.search_form``,
+        ASCII letters compared without case); ``offset`` and ``limit`` count those alone.
+        """
+
+    @abc.abstractmethod
+    def count_suppressions(self, *, now: datetime) -> int:
+        """Return how many entries are in force at ``now``."""
+
+    @abc.abstractmethod
+    def purge_suppressions(self, *, now: datetime) -> int:
+        """Drop the entries and notes that expired by ``now``; return how many entries."""
+
+    @staticmethod
+    def validate_suppressions(change: SuppressionChange) -> None:
+        """Refuse entries holding text no store can keep (``INVALID``)."""
+        for entry in (*change.add, *change.expired):
+            require_keepable(entry.address, "suppressed address")
+            require_keepable(entry.reply.text, "reply text")
+            require_keepable(entry.reply.status, "reply status")
+        for address in change.clear:
+            require_keepable(address, "suppressed address")
 
     def _scan(self, chunk: int = 1000) -> Iterator[QueueItem]:
         offset = 0

@@ -6,15 +6,17 @@ import builtins
 import dataclasses
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import date, datetime
 from typing import Any
 
+from bumail_queue.addresses import normal_address
 from bumail_queue.conf import QueueSettings
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, QueueItem
 from bumail_queue.queries import SEARCH_HEAD_BYTES, ItemQuery, QueueGauges, gauges_of, headers_contain
 from bumail_queue.sts import STSPolicy, TLSSessionCount
+from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate, address_holds, search_form
 
 from .base import MESSAGE_HEAD_BYTES, QueueStore
 
@@ -40,6 +42,9 @@ class MemoryStore(QueueStore):
         self._seq = itertools.count(1)
         self._sts_policies: dict[str, STSPolicy] = {}
         self._tls_counts: dict[tuple[Any, ...], TLSSessionCount] = {}
+        # The suppression list by normal address, and the notes of a first expiry (until when).
+        self._suppressed: dict[str, Suppression] = {}
+        self._expiry_notes: dict[str, datetime] = {}
 
     @staticmethod
     def _copy(item: QueueItem) -> QueueItem:
@@ -247,3 +252,64 @@ class MemoryStore(QueueStore):
             for kind in old:
                 del self._tls_counts[kind]
             return len(old)
+
+    # -- the suppression list ---------------------------------------------------------
+
+    def suppressions_of(self, addresses: Iterable[str], *, now: datetime) -> dict[str, Suppression]:
+        with self._lock:
+            found = {}
+            for address in addresses:
+                entry = self._suppressed.get(normal_address(address))
+                if entry is not None and entry.is_in_force(now):
+                    found[address] = entry
+            return found
+
+    def update_suppressions(self, change: SuppressionChange, *, now: datetime) -> SuppressionUpdate:
+        self.validate_suppressions(change)
+        with self._lock:
+            written = list(change.add)
+            for entry in change.expired:
+                current = self._suppressed.get(entry.address)
+                if current is not None and current.is_in_force(now):
+                    continue  # suppressed already: the expiry changes nothing
+                noted = self._expiry_notes.pop(entry.address, None)
+                if noted is not None and noted > now:
+                    written.append(entry)
+                elif change.note_until is not None:
+                    self._expiry_notes[entry.address] = change.note_until
+            for entry in written:
+                self._suppressed[entry.address] = entry
+                self._expiry_notes.pop(entry.address, None)
+            removed = []
+            for address in change.clear:
+                self._expiry_notes.pop(address, None)
+                dropped = self._suppressed.pop(address, None)
+                if dropped is not None and dropped.is_in_force(now):
+                    removed.append(address)
+            return SuppressionUpdate(suppressed=tuple(written), removed=tuple(removed))
+
+    def search_suppressions(
+        self, *, now: datetime, text: str | None = None, offset: int = 0, limit: int = 100
+    ) -> builtins.list[Suppression]:
+        wanted = None if text is None else search_form(text)
+        with self._lock:
+            matched = [
+                entry
+                for entry in self._suppressed.values()
+                if entry.is_in_force(now) and (wanted is None or address_holds(entry.address, wanted))
+            ]
+        matched.sort(key=lambda entry: (entry.created_at, entry.address), reverse=True)
+        return matched[offset : offset + limit]
+
+    def count_suppressions(self, *, now: datetime) -> int:
+        with self._lock:
+            return sum(1 for entry in self._suppressed.values() if entry.is_in_force(now))
+
+    def purge_suppressions(self, *, now: datetime) -> int:
+        with self._lock:
+            gone = [address for address, entry in self._suppressed.items() if not entry.is_in_force(now)]
+            for address in gone:
+                del self._suppressed[address]
+            for address in [a for a, until in self._expiry_notes.items() if until <= now]:
+                del self._expiry_notes[address]
+            return len(gone)

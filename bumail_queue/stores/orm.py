@@ -24,7 +24,7 @@ import functools
 import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import date, datetime, timedelta
 from typing import Any
 
@@ -39,8 +39,9 @@ from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
 from bumail_queue.models import Item, Message, MTASTSPolicy, TLSReportCount, item_from_row
 from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueGauges, QueueSummary, RetryResult
 from bumail_queue.sts import STSMode, STSPolicy, TLSResult, TLSSessionCount
+from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate
 
-from . import orm_queries
+from . import orm_queries, orm_suppressions
 from .base import COMPLETE_TRIES, MESSAGE_HEAD_BYTES, QueueStore, WorkListener
 from .orm_database import (
     INSERT_COLUMNS,
@@ -182,6 +183,11 @@ class ORMStore(QueueStore):
                     if connection.vendor == "postgresql":
                         cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE")
                     yield cursor
+
+    def writing(self, *, single_statement: bool = False) -> AbstractContextManager[Any]:
+        """Yield a cursor for a write: one transaction at READ COMMITTED, or for a single
+        statement none of its own where the connection's default allows (``_writing``)."""
+        return self._writing(single_statement=single_statement)
 
     # -- adding -----------------------------------------------------------------------
 
@@ -977,6 +983,28 @@ class ORMStore(QueueStore):
         with self.translated_errors():
             estimate = planner_estimate(self.connection, self.items_table)
         return ItemCount(self.count(), exact=True) if estimate is None else ItemCount(estimate, exact=False)
+
+    # -- the suppression list: orm_suppressions.py -------------------------------------
+
+    def suppressions_of(self, addresses: Iterable[str], *, now: datetime) -> dict[str, Suppression]:
+        return orm_suppressions.suppressions_of(self, addresses, now=now)
+
+    def update_suppressions(self, change: SuppressionChange, *, now: datetime) -> SuppressionUpdate:
+        self.validate_suppressions(change)
+        if not change:
+            return SuppressionUpdate()
+        return orm_suppressions.update_suppressions(self, change, now=now)
+
+    def search_suppressions(
+        self, *, now: datetime, text: str | None = None, offset: int = 0, limit: int = 100
+    ) -> builtins.list[Suppression]:
+        return orm_suppressions.search_suppressions(self, now=now, text=text, offset=offset, limit=limit)
+
+    def count_suppressions(self, *, now: datetime) -> int:
+        return orm_suppressions.count_suppressions(self, now=now)
+
+    def purge_suppressions(self, *, now: datetime) -> int:
+        return orm_suppressions.purge_suppressions(self, now=now)
 
 
 def _ends_at_domain(domain: str) -> str:
