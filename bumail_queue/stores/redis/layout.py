@@ -61,6 +61,15 @@ class RedisKeys:
         """The Pub/Sub channel that adds, retries and give-backs announce work on."""
         return f"{self.prefix}wake"
 
+    @property
+    def shaping(self) -> str:
+        """The destinations with a shaping bucket, scored by when their keys expire."""
+        return f"{self.prefix}shaping"
+
+    def bucket(self, destination: str) -> str:
+        """A destination's shaping bucket (a hash); its slots are ``<bucket>:slots``."""
+        return f"{self.prefix}shaping:{destination}"
+
     def item(self, item_id: str) -> str:
         return f"{self.prefix}item:{item_id}"
 
