@@ -584,7 +584,7 @@ def shaping_pattern(key: Any) -> str | None:
     no pattern: ``"*"``, a domain (``"example.com"``), or a dot and a domain, an MX host
     suffix (``".google.com"``), each lowercase in A-labels."""
     if key == DEFAULT_PATTERN:
-        return key
+        return DEFAULT_PATTERN
     if not isinstance(key, str) or not key.strip("."):
         return None
     suffix = key.startswith(".")

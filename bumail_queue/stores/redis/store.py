@@ -619,7 +619,8 @@ class RedisStore(QueueStore):
         client = self._redis()
         at = seconds(now)
         with self._translated_errors("read the shaping buckets"):
-            keys = sorted(key.decode() for key in client.zrangebyscore(self.keys.shaping, at, "+inf"))
+            found = cast("list[bytes]", client.zrangebyscore(self.keys.shaping, at, "+inf"))
+            keys = sorted(key.decode() for key in found)
             pipe = client.pipeline(transaction=False)
             for key in keys:
                 pipe.hgetall(self.keys.bucket(key))
