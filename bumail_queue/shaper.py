@@ -210,10 +210,9 @@ class Shaper:
             self._seconds[shape.key] = seconds if before is None else 0.8 * before + 0.2 * seconds
         change, suspend_until, reply = self._feedback(shape, delivery, now)
         if suspend_until is not None:
+            spacing = self._spacing_after(shape)  # takes the lock itself
             with self._lock:
-                self._holds[shape.key] = _Hold(
-                    until=suspend_until, spacing=self._spacing_after(shape), reason="suspended"
-                )
+                self._holds[shape.key] = _Hold(until=suspend_until, spacing=spacing, reason="suspended")
         if ticket.slot is None and change is WindowChange.KEEP and suspend_until is None:
             return  # nothing to tell: RATE alone, and the session went well
         try:
