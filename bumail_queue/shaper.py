@@ -205,6 +205,9 @@ class Shaper:
         with self._lock:
             if ticket.slot is not None:
                 self._slots.pop(ticket.slot, None)
+                hold = self._holds.get(shape.key)
+                if hold is not None and hold.reason == "concurrency":
+                    del self._holds[shape.key]  # its slot is free: the next item asks again
             seconds = time.monotonic() - ticket.started
             before = self._seconds.get(shape.key)
             self._seconds[shape.key] = seconds if before is None else 0.8 * before + 0.2 * seconds

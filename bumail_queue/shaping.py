@@ -156,7 +156,7 @@ class Pushback(enum.Enum):
 # The words of the big receivers' replies (Gmail, Outlook, Yahoo, iCloud, GMX, Orange,
 # QQ, 163), as KumoMTA's shaping rules match them; docs/shaping.md lists them.
 CONNECTION_LIMIT_WORDS: Final = re.compile(
-    r"too many (?:concurrent |simultaneous |open |parallel )?(?:connections|sessions)"
+    r"too many (?:[\w-]+ ){0,2}(?:connections|sessions)"
     r"|(?:connection|session) (?:count |rate )?limit"
     r"|max(?:imum)? (?:number of )?(?:concurrent |simultaneous )?connections"
     r"|exceed\w* (?:the )?max(?:imum)? (?:number of )?(?:concurrent )?connections"

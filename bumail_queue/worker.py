@@ -633,8 +633,11 @@ class Worker:
             result = AttemptResult(outcomes={}, next_attempt_at=until, count_attempt=False)
             return Attempt(item=item, result=result, remote_hosts={}, headers=header_block(message), held=True)
         attempt = self._attempt_from(item, outcomes, remote_hosts, message=message, tls=tls)
-        if attempt.result.next_attempt_at > until:
-            attempt.result = dataclasses.replace(attempt.result, next_attempt_at=until)
+        # Due when the held destination has room, or sooner when a recipient deferred
+        # elsewhere is due again first.
+        deferred = any(o.status == RecipientStatus.DEFERRED for o in attempt.result.outcomes.values())
+        next_at = min(attempt.result.next_attempt_at, until) if deferred else until
+        attempt.result = dataclasses.replace(attempt.result, next_attempt_at=next_at)
         return attempt
 
     def _deliver_to(self, destination: Destination, envelope: Envelope) -> Delivery | Held:
