@@ -107,7 +107,10 @@ def test_a_smarthost_is_shaped_by_its_host_name():
     [
         ((421, "4.7.0", "Try again later, closing connection."), Pushback.SLOW_DOWN),  # Gmail
         ((421, "4.7.28", "Our system has detected an unusual rate of unsolicited mail"), Pushback.SLOW_DOWN),
-        ((421, "4.7.0", "[TSS04] Messages from 192.0.2.1 temporarily deferred due to unexpected volume"), Pushback.SLOW_DOWN),
+        (
+            (421, "4.7.0", "[TSS04] Messages from 192.0.2.1 temporarily deferred due to unexpected volume"),
+            Pushback.SLOW_DOWN,
+        ),
         ((451, "4.7.500", "Server busy. Please try again later from [192.0.2.1]"), Pushback.SLOW_DOWN),  # Outlook
         ((450, "4.7.1", "Rate limit exceeded"), Pushback.SLOW_DOWN),
         ((421, "4.7.0", "Too many concurrent SMTP connections from this IP"), Pushback.CONNECTIONS),
@@ -164,7 +167,10 @@ def test_shaping_loads_as_limits_by_pattern():
         ({"example.com": {"SLOW_START": True}}, "SLOW_START without CONCURRENCY"),
         ({"example.com": {"CONCURRENCY": 4, "SLOW_START": 0}}, "SLOW_START that is not True, False or the number"),
         ({"example.com": {"SUSPEND": -1}}, "SUSPEND that is not a timedelta or a number of seconds"),
-        ({"example.com": {"LIMIT": 1}}, "has the unknown key 'LIMIT' (it takes CONCURRENCY, RATE, SLOW_START, SUSPEND)"),
+        (
+            {"example.com": {"LIMIT": 1}},
+            "has the unknown key 'LIMIT' (it takes CONCURRENCY, RATE, SLOW_START, SUSPEND)",
+        ),
         ({"example.com": 5}, "must be a dict of CONCURRENCY, RATE, SLOW_START, SUSPEND; got int"),
     ],
 )
@@ -272,13 +278,11 @@ def test_the_items_held_without_asking_are_told_with_the_next_request():
     clock.now = T0 + timedelta(minutes=1)
     assert isinstance(shaper.enter(shape), Ticket)
     assert store.calls[-1] == ("take", "example.org", 3)
-    assert [(s.held, s.held_until) for s in store.destination_states(now=clock.now)] == [
-        (3, T0 + timedelta(minutes=3))
-    ]
+    assert [(s.held, s.held_until) for s in store.destination_states(now=clock.now)] == [(3, T0 + timedelta(minutes=3))]
 
 
 def test_a_full_set_of_slots_holds_items_for_a_sessions_length_each():
-    shaper, store = shaper_for({"example.org": {"CONCURRENCY": 2}})
+    shaper, _ = shaper_for({"example.org": {"CONCURRENCY": 2}})
     shape = shape_of(shaper)
     tickets = [shaper.enter(shape) for _ in range(2)]
     held = [shaper.enter(shape) for _ in range(3)]
@@ -316,7 +320,16 @@ def test_with_slow_start_a_connection_limit_halves_rather_than_suspends():
     shaper.leave(ticket, Delivery(outcomes={"a@example.org": Outcome(status=RecipientStatus.DEFERRED, reply=busy)}))
     state = store.destination_states(now=T0)[0]
     assert (state.window, state.suspended_until) == (2, None)
-    shaper.leave(shaper.enter(shape), Delivery(outcomes={"b@example.org": Outcome(status=RecipientStatus.DELIVERED, reply=Reply(code=250, status="2.0.0", text="OK"))}))
+    shaper.leave(
+        shaper.enter(shape),
+        Delivery(
+            outcomes={
+                "b@example.org": Outcome(
+                    status=RecipientStatus.DELIVERED, reply=Reply(code=250, status="2.0.0", text="OK")
+                )
+            }
+        ),
+    )
     assert store.destination_states(now=T0)[0].window == 3
 
 
@@ -340,7 +353,7 @@ def test_a_store_that_cannot_answer_holds_mail_back_rather_than_send_it_unshaped
 
 def test_renewing_extends_the_slots_of_sessions_under_way():
     clock = Clock()
-    shaper, store = shaper_for({"example.org": {"CONCURRENCY": 1}}, clock)
+    shaper, _ = shaper_for({"example.org": {"CONCURRENCY": 1}}, clock)
     shape = shape_of(shaper)
     ticket = shaper.enter(shape)
     clock.now = T0 + timedelta(minutes=5)
@@ -388,7 +401,10 @@ def test_with_shaping_one_round_trip_before_each_session_and_one_after_only_for_
         calls = sorted(service.store.calls)
     assert stats.delivered == 3
     assert calls == [("release", "slots.example", "keep"), ("take", "rate.example", 0), ("take", "slots.example", 0)]
-    by_domain = {env.recipients[0].partition("@")[2]: reuse for (env, _, _), reuse in zip(transport.envelopes, transport.reuse, strict=True)}
+    by_domain = {
+        env.recipients[0].partition("@")[2]: reuse
+        for (env, _, _), reuse in zip(transport.envelopes, transport.reuse, strict=True)
+    }
     # A counted session keeps no idle connection; the others do.
     assert by_domain == {"rate.example": True, "slots.example": False, "plain.example": True}
 

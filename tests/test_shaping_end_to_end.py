@@ -27,7 +27,9 @@ WORKERS = 3
 DOMAIN = "shaped.test"
 
 
-@pytest.fixture(params=[pytest.param("orm", marks=pytest.mark.postgres), pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[pytest.param("orm", marks=pytest.mark.postgres), pytest.param("redis", marks=pytest.mark.redis)]
+)
 def store_settings(request):
     """The ``BUMAIL_QUEUE`` keys of the store the workers share: PostgreSQL, or Redis."""
     if request.param == "redis":
@@ -105,7 +107,9 @@ def test_concurrency_is_never_exceeded_at_the_receiver(smtp_servers, dns_server,
 def test_a_slow_down_reply_suspends_the_destination_for_every_worker(smtp_servers, dns_server, store_settings):
     # The sixth message is answered "slow down"; one session at a time, so none is
     # under way when that reply comes.
-    server = smtp_servers(message_reply=["250 2.0.0 Queued"] * 5 + ["421 4.7.0 Try again later, closing connection", "250 2.0.0 Queued"])
+    server = smtp_servers(
+        message_reply=["250 2.0.0 Queued"] * 5 + ["421 4.7.0 Try again later, closing connection", "250 2.0.0 Queued"]
+    )
     suspend = 3
     settings = mx_settings(
         dns_server,
