@@ -448,3 +448,73 @@ def test_a_recipient_held_back_waits_while_the_others_of_its_item_go():
     ]
     # Attempted (its other recipient went), and due when the slow destination has room.
     assert (kept.attempts, kept.next_attempt_at) == (1, now + timedelta(hours=1))
+
+
+# -- what operators see: queue_status and the admin's overview -----------------------------
+
+
+@pytest.fixture(params=["orm", "memory", pytest.param("redis", marks=pytest.mark.redis)])
+def shaped(request, settings):
+    """A queue on each store with SHAPING set, one destination suspended and one holding items."""
+    store = request.getfixturevalue("redis_settings") if request.param == "redis" else {"STORE": request.param}
+    settings.BUMAIL_QUEUE = {**MX, **store, "SHAPING": {"*": {"CONCURRENCY": 2}}}
+    from django.utils import timezone
+
+    from bumail_queue.shaping import PermitRequest
+    from bumail_queue.stores import get_store
+
+    now = timezone.now()
+    store = get_store()
+    store.release_permit("slow.example", slot=None, now=now, suspend_until=now + timedelta(minutes=5, seconds=30))
+    limits = Limits(concurrency=2)
+    store.take_permit(
+        PermitRequest(key="busy.example", limits=limits, now=now, slot="s1", slot_until=now + timedelta(minutes=10))
+    )
+    store.take_permit(
+        PermitRequest(key="busy.example", limits=limits, now=now, held=4, held_until=now + timedelta(minutes=2))
+    )
+    return request.param
+
+
+def queue_status(*args):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("queue_status", *args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_queue_status_shows_shaped_destinations(shaped):
+    text = queue_status()
+    assert "Shaped destinations (SHAPING):" in text
+    assert "  busy.example: 1 session; 4 held back, due by " in text
+    assert "  slow.example: 0 sessions; suspended for 5 minutes" in text
+    import json
+
+    data = {d["destination"]: d for d in json.loads(queue_status("--json"))["shaped_destinations"]}
+    assert (data["busy.example"]["sessions"], data["busy.example"]["held"]) == (1, 4)
+    assert data["slow.example"]["suspended_until"] is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_queue_status_without_shaping_says_nothing_of_it():
+    with override_settings(BUMAIL_QUEUE=MX):
+        import json
+
+        assert "Shaped" not in queue_status()
+        assert "shaped_destinations" not in json.loads(queue_status("--json"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admin_overview_shows_throttled_destinations(shaped, client):
+    from django.contrib.auth.models import User
+    from django.urls import reverse
+
+    client.force_login(User.objects.create_superuser("admin", "admin@example.com", None))
+    page = client.get(reverse("admin:bumail_queue_item_overview")).content.decode()
+    assert "Shaped destinations" in page
+    assert '<tr data-destination="slow.example" class="bq-throttled">' in page
+    assert '<tr data-destination="busy.example" class="bq-throttled">' in page
