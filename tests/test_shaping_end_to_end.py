@@ -157,3 +157,25 @@ def test_a_suspension_is_a_stored_state_every_worker_reads(smtp_server, dns_serv
     # Due again when the suspension ends, spread out; no attempt counted.
     assert min(item.next_attempt_at for item in held) == now + timedelta(minutes=5)
     assert [item.attempts for item in held] == [0, 0, 0]
+
+
+def test_a_killed_workers_slot_comes_back_when_its_lease_ends(smtp_servers, dns_server, store_settings):
+    # One slot; the first session stalls after its message, and its worker is killed there.
+    server = smtp_servers(stall_at="DATA_END", stall_seconds=30)
+    settings = mx_settings(dns_server, server, store_settings, SHAPING={DOMAIN: {"CONCURRENCY": 1}}, LEASE_SECONDS=3)
+    with override_settings(BUMAIL_QUEUE=settings):
+        enqueue(3)
+        with running_worker(settings, "--concurrency", "4") as (killed, _):
+            assert wait_until(lambda: server.verbs().count("DATA") == 1), "the first session did not start"
+            first = next(c.at for c in server.commands if c.verb == "EHLO")
+            killed.kill()
+            killed.wait(timeout=10)
+        server.stall_at = None
+        with workers(settings):
+            assert wait_until(lambda: len(recipients(server)) == 3, 60), f"{len(recipients(server))} of 3 arrived"
+    assert recipients(server) == Counter({f"user{n}@{DOMAIN}": 1 for n in range(3)})
+    later = [c.at for c in server.commands if c.verb == "EHLO" and c.at > first]
+    # Nobody took the dead worker's slot before its lease ended (the permit came a
+    # moment before its EHLO, hence the margin), and one session at a time even so.
+    assert min(later) - first >= 2.5
+    assert server.most_sessions == 1
