@@ -65,26 +65,47 @@ class _SQL:
         """The rows (slot, until) of a slots object."""
         if self.postgres:
             return f"jsonb_each_text({slots}) AS s(slot, until)"
-        return f"(SELECT key AS slot, value AS until FROM json_each({slots})) AS s"
+        return f"json_each({slots}) AS s"
+
+    def slot(self) -> str:
+        return "s.slot" if self.postgres else "s.key"
 
     def until(self) -> str:
-        return "s.until::float8" if self.postgres else "s.until"
-
-    def live_count(self, slots: str = "b.slots") -> str:
-        return f"(SELECT count(*) FROM {self.each(slots)} WHERE {self.until()} > {self.p('now')})"
+        return "s.until::float8" if self.postgres else "s.value"
 
     def live_slots(self, slots: str = "b.slots", *, without: str | None = None) -> str:
         where = f"{self.until()} > {self.p('now')}"
         if without is not None:
-            where += f" AND (%({without})s IS NULL OR s.slot <> %({without})s)"
+            where += f" AND (%({without})s IS NULL OR {self.slot()} <> %({without})s)"
         if self.postgres:
             return f"(SELECT coalesce(jsonb_object_agg(s.slot, {self.until()}), '{{}}'::jsonb) FROM {self.each(slots)} WHERE {where})"
-        return f"(SELECT json_group_object(s.slot, s.until) FROM {self.each(slots)} WHERE {where})"
+        return f"(SELECT json_group_object(s.key, s.value) FROM {self.each(slots)} WHERE {where})"
+
+    def gathered_slots(self) -> str:
+        """The aggregate that gathers ``s`` rows back into a slots object (empty for none)."""
+        if self.postgres:
+            return f"coalesce(jsonb_object_agg(s.slot, {self.until()}), '{{}}'::jsonb)"
+        return "json_group_object(s.key, s.value)"
 
     def with_slot(self, slots: str) -> str:
         if self.postgres:
             return f"({slots} || jsonb_build_object(%(slot)s::text, %(slot_until)s::float8))"
         return f"json_set({slots}, '$.\"' || %(slot)s || '\"', %(slot_until)s)"
+
+    def no_wait(self, joined: str) -> str:
+        """One more ``FROM`` item that commits the statement without waiting for the disk,
+        on PostgreSQL.
+
+        A bucket is soft state: a database crash that forgets its last milliseconds
+        costs a token or a slot lease at most, and waiting for the WAL's flush on every
+        session would cost a disk write each (``synchronous_commit`` off for this
+        statement's transaction alone, as the claim does). ``joined`` leads it: ``", "``
+        after another ``FROM`` item, ``" FROM "`` alone. SQLite waits for its disk on
+        every commit whatever is asked (``""``).
+        """
+        if self.postgres:
+            return f"{joined}(SELECT set_config('synchronous_commit', 'off', true)) AS no_wait"
+        return ""
 
     def json_param(self, name: str) -> str:
         return f"%({name})s::jsonb" if self.postgres else f"%({name})s"
@@ -94,41 +115,55 @@ class _SQL:
 
 
 def _take_sql(sql: _SQL) -> str:
+    """One ``UPDATE`` that reads the row (locked on PostgreSQL), decides, and writes.
+
+    The decision is computed once, in the CTEs, from the row as it stands: ``kept``
+    (the slots whose lease has not ended), ``w`` (the window and the refilled tokens)
+    and ``d`` (``ok``, the request granted). ``granted`` keeps the request's id when
+    it is, which ``RETURNING`` gives back. No row: ``_ensure_sql`` first.
+    """
     p, least, greatest = sql.p, sql.least, sql.greatest
-    live = sql.live_count()
-    window = (
-        f"(CASE WHEN {p('initial')} IS NULL THEN NULL "
-        f"WHEN b.window_size IS NULL OR ({live} = 0 AND {p('now')} - b.active_at > {p('reset')}) THEN {p('initial')} "
-        "ELSE b.window_size END)"
-    )
+    lock = " FOR UPDATE" if sql.postgres else ""
     limit = (
-        f"(CASE WHEN {p('concurrency')} IS NULL THEN NULL WHEN {window} IS NULL THEN {p('concurrency')} "
-        f"ELSE {greatest}(1, {least}({p('concurrency')}, {sql.floor(window)})) END)"
+        f"CASE WHEN w.window_size IS NULL THEN {p('concurrency')} "
+        f"ELSE {greatest}(1, {least}({p('concurrency')}, {sql.floor('w.window_size')})) END"
     )
-    refill = (
-        f"(CASE WHEN {p('rate')} IS NULL THEN NULL WHEN b.tokens IS NULL THEN {p('capacity')} "
-        f"ELSE {least}({p('capacity')}, b.tokens + {greatest}(0, {p('now')} - b.tokens_at) * {p('rate')}) END)"
-    )
-    ok = (
-        f"(b.suspended_until <= {p('now')} AND ({refill} IS NULL OR {refill} >= 1) "
-        f"AND ({limit} IS NULL OR {live} < {limit}))"
-    )
-    pruned = sql.live_slots()
-    columns = "key, tokens, tokens_at, window_size, slots, suspended_until, active_at, held, held_until, granted"
     return (
-        f"INSERT INTO {TABLE} AS b ({columns}) VALUES (%(key)s, "
-        f"CASE WHEN {p('rate')} IS NULL THEN NULL ELSE {p('capacity')} - 1 END, {p('now')}, {p('initial')}, "
-        f"{sql.json_param('first_slots')}, 0, {p('now')}, %(held)s, {p('held_until')}, %(request)s) "
-        "ON CONFLICT (key) DO UPDATE SET "
-        f"tokens = CASE WHEN {refill} IS NULL THEN NULL WHEN {ok} THEN {refill} - 1 ELSE {refill} END, "
-        f"tokens_at = {greatest}({p('now')}, b.tokens_at), "
-        f"window_size = {window}, "
-        f"slots = CASE WHEN {ok} AND %(slot)s IS NOT NULL THEN {sql.with_slot(pruned)} ELSE {pruned} END, "
-        f"active_at = CASE WHEN {ok} THEN {p('now')} ELSE b.active_at END, "
-        f"held = CASE WHEN %(held)s = 0 THEN b.held WHEN b.held_until > {p('now')} THEN b.held + %(held)s ELSE %(held)s END, "
-        f"held_until = CASE WHEN %(held)s = 0 THEN b.held_until ELSE {greatest}(b.held_until, {p('held_until')}) END, "
-        f"granted = CASE WHEN {ok} THEN %(request)s ELSE b.granted END "
-        "RETURNING granted, tokens, window_size, slots, suspended_until"
+        f"WITH cur AS (SELECT tokens, tokens_at, window_size, slots, suspended_until, active_at "
+        f"FROM {TABLE} WHERE key = %(key)s{lock}), "
+        f"kept AS (SELECT {sql.gathered_slots()} AS slots, count(*) AS n FROM cur, {sql.each('cur.slots')} "
+        f"WHERE {sql.until()} > {p('now')}), "
+        f"w AS (SELECT CASE WHEN {p('initial')} IS NULL THEN NULL "
+        f"WHEN cur.window_size IS NULL OR (kept.n = 0 AND {p('now')} - cur.active_at > {p('reset')}) "
+        f"THEN {p('initial')} ELSE cur.window_size END AS window_size, "
+        f"CASE WHEN {p('rate')} IS NULL THEN NULL WHEN cur.tokens IS NULL THEN {p('capacity')} "
+        f"ELSE {least}({p('capacity')}, cur.tokens + {greatest}(0, {p('now')} - cur.tokens_at) * {p('rate')}) END AS refill "
+        "FROM cur, kept), "
+        "d AS (SELECT w.window_size, w.refill, kept.slots, "
+        f"(cur.suspended_until <= {p('now')} AND (w.refill IS NULL OR w.refill >= 1) "
+        f"AND ({p('concurrency')} IS NULL OR kept.n < {limit})) AS ok FROM cur, kept, w) "
+        f"UPDATE {TABLE} SET "
+        "tokens = CASE WHEN d.refill IS NULL THEN NULL WHEN d.ok THEN d.refill - 1 ELSE d.refill END, "
+        f"tokens_at = {greatest}({p('now')}, {TABLE}.tokens_at), "
+        "window_size = d.window_size, "
+        f"slots = CASE WHEN d.ok AND %(slot)s IS NOT NULL THEN {sql.with_slot('d.slots')} ELSE d.slots END, "
+        f"active_at = CASE WHEN d.ok THEN {p('now')} ELSE {TABLE}.active_at END, "
+        f"held = CASE WHEN %(held)s = 0 THEN {TABLE}.held WHEN {TABLE}.held_until > {p('now')} "
+        f"THEN {TABLE}.held + %(held)s ELSE %(held)s END, "
+        f"held_until = CASE WHEN %(held)s = 0 THEN {TABLE}.held_until "
+        f"ELSE {greatest}({TABLE}.held_until, {p('held_until')}) END, "
+        f"granted = CASE WHEN d.ok THEN %(request)s ELSE {TABLE}.granted END "
+        f"FROM d{sql.no_wait(', ')} WHERE {TABLE}.key = %(key)s "
+        f"RETURNING {TABLE}.granted, {TABLE}.tokens, {TABLE}.window_size, {TABLE}.slots, {TABLE}.suspended_until"
+    )
+
+
+def _ensure_sql(sql: _SQL) -> str:
+    """A full bucket for a destination without a row (a first request, or one forgotten)."""
+    return (
+        f"INSERT INTO {TABLE} (key, tokens, tokens_at, window_size, slots, suspended_until, active_at, held, "
+        f"held_until, granted) VALUES (%(key)s, NULL, 0, NULL, {sql.json_param('no_slots')}, 0, 0, 0, 0, '') "
+        "ON CONFLICT (key) DO NOTHING"
     )
 
 
@@ -142,7 +177,8 @@ def _release_sql(sql: _SQL) -> str:
     )
     return (
         f"INSERT INTO {TABLE} AS b (key, tokens, tokens_at, window_size, slots, suspended_until, active_at, held, held_until, granted) "
-        f"VALUES (%(key)s, NULL, 0, NULL, {sql.json_param('no_slots')}, coalesce({p('suspend')}, 0), {p('now')}, 0, 0, '') "
+        f"SELECT %(key)s, NULL, 0, NULL, {sql.json_param('no_slots')}, coalesce({p('suspend')}, 0), {p('now')}, 0, 0, ''"
+        f"{sql.no_wait(' FROM ') or ' WHERE true'} "
         "ON CONFLICT (key) DO UPDATE SET "
         f"slots = {sql.live_slots(without='slot')}, window_size = {window}, "
         f"suspended_until = {greatest}(b.suspended_until, coalesce({p('suspend')}, 0)), "
@@ -173,7 +209,7 @@ class ORMShaping:
         vendor = self.store.connection.vendor
         found = self._statements.get((name, vendor))
         if found is None:
-            build = {"take": _take_sql, "release": _release_sql, "renew": _renew_sql}[name]
+            build = {"take": _take_sql, "ensure": _ensure_sql, "release": _release_sql, "renew": _renew_sql}[name]
             found = self._statements[(name, vendor)] = build(_SQL(vendor))
         return found
 
@@ -192,14 +228,20 @@ class ORMShaping:
             "reset": SLOW_START_RESET_SECONDS,
             "slot": slot,
             "slot_until": slot_until,
-            "first_slots": json.dumps({} if slot is None else {slot: slot_until}),
             "held": request.held,
             "held_until": seconds(request.held_until) if request.held and request.held_until else 0.0,
             "request": uuid.uuid4().hex,
         }
         with self.store._writing(single_statement=True) as cursor:
             cursor.execute(self._sql("take"), params)
-            granted, tokens, window, slots, suspended_until = cursor.fetchone()
+            row = cursor.fetchone()
+        if row is None:  # no bucket yet: a full one, then the request again
+            with self.store._writing(single_statement=True) as cursor:
+                cursor.execute(self._sql("ensure"), {"key": request.key, "no_slots": "{}"})
+            with self.store._writing(single_statement=True) as cursor:
+                cursor.execute(self._sql("take"), params)
+                row = cursor.fetchone()
+        granted, tokens, window, slots, suspended_until = row
         live = [until for until in _slots(slots).values() if until > now]
         limit = limit_of(limits.concurrency, window)
         if granted == params["request"]:
