@@ -176,6 +176,26 @@ def check_development_mail_goes_out(
 
 
 @checks.register("bumail_queue")
+def check_metrics_installed(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn when a metrics setting is given but prometheus-client, which serves them, is not installed."""
+    raw = getattr(django_settings, SETTING_NAME, {})
+    given = [key for key in ("METRICS_DOMAINS", "METRICS_TOKEN") if isinstance(raw, dict) and raw.get(key)]
+    if not given:
+        return []
+    from .metrics import PROMETHEUS_MISSING, prometheus_installed
+
+    if prometheus_installed():
+        return []
+    return [
+        checks.Warning(
+            f"BUMAIL_QUEUE sets {' and '.join(given)}, but no metrics can be served: {PROMETHEUS_MISSING}",
+            hint="Install the extra, or remove the setting.",
+            obj=SETTING_NAME,
+            id="bumail_queue.W007",
+        )
+    ]
+
+
 def check_shaping(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Report ``SHAPING`` on a store that keeps no buckets (E031), and warn about a
     pattern no session can match because its mail goes through a smarthost (W010)."""

@@ -13,10 +13,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import importlib.util
 import ipaddress
 import math
+import os
 import re
 import socket
+import ssl
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Final
@@ -28,6 +31,7 @@ from django.dispatch import receiver
 from .addresses import a_labels
 from .errors import QueueConfigurationError
 from .shaping import DEFAULT_PATTERN, SLOW_START_INITIAL, Limits, parse_rate
+from .sts import STSMode
 
 SETTING_NAME: Final = "BUMAIL_QUEUE"
 
@@ -63,6 +67,12 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     # a message whose signing fails waits (deferred) unless DKIM_UNSIGNED_ON_ERROR.
     "DKIM": [],
     "DKIM_UNSIGNED_ON_ERROR": False,
+    # RFC 8461 for MX delivery, as KumoMTA has it: on unless turned off. The policy is
+    # fetched over HTTPS from port MTA_STS_HTTPS_PORT; TLS_CA_FILE (None: the system's
+    # trust store) verifies policy hosts, MX hosts under a policy and smarthosts.
+    "MTA_STS": True,
+    "MTA_STS_HTTPS_PORT": 443,
+    "TLS_CA_FILE": None,
     # RFC 5321 §4.5.4.1: retries at least 30 minutes apart, growing, with jitter.
     "RETRY_MIN_DELAY": timedelta(minutes=30),
     "RETRY_MAX_DELAY": timedelta(hours=4),
@@ -75,6 +85,13 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     # The delivery log: each recipient's outcome, kept after the item left the queue.
     "DELIVERY_LOG": True,
     "DELIVERY_LOG_RETENTION": timedelta(days=30),
+    # A task framework to send a delivery task to on commit of each enqueue
+    # (docs/tasks.md): None (off), "django", "celery", or a dict with FRAMEWORK.
+    "TASKS": None,
+    # Prometheus metrics (docs/metrics.md): the recipient domains that get a label of
+    # their own (every other is "other"), and the bearer token of the metrics view.
+    "METRICS_DOMAINS": [],
+    "METRICS_TOKEN": None,
     # Limits per destination pattern, held across every worker (docs/shaping.md).
     "SHAPING": {},
 }
@@ -99,6 +116,19 @@ BUILTIN_STORES: Final = {
     "redis": "bumail_queue.stores.redis.RedisStore",
 }
 
+#: The task frameworks ``TASKS`` may name, each with the module of its delivery task.
+TASK_FRAMEWORKS: Final = {
+    "django": "bumail_queue.tasks.django",
+    "celery": "bumail_queue.tasks.celery",
+}
+#: What each framework needs importable: Django 6's own module, or the backport.
+_TASK_FRAMEWORK_MODULES: Final = {"django": ("django.tasks", "django_tasks"), "celery": ("celery",)}
+_TASK_KEYS: Final = {
+    "django": {"FRAMEWORK", "BACKEND", "QUEUE", "CLAIM_SECONDS"},
+    "celery": {"FRAMEWORK", "QUEUE", "CLAIM_SECONDS"},
+}
+DEFAULT_TASK_CLAIM_SECONDS: Final = 60.0
+
 ROUTE_TYPES: Final = ("mx", "smarthost")
 TLS_MODES: Final = ("starttls", "implicit", "none")
 _ROUTE_KEYS: Final = {
@@ -110,6 +140,12 @@ _HOSTNAME = re.compile(
 )
 _REDIS_PREFIX = re.compile(r"[a-z][a-z0-9_:.\-]{0,39}")
 _PORT = re.compile(r"[0-9]{1,5}")
+#: The most ``METRICS_DOMAINS`` a project may name: each is a label value of every
+#: worker's attempt counters, and Prometheus keeps a series per value.
+MAX_METRICS_DOMAINS: Final = 50
+#: The shortest ``METRICS_TOKEN``: 16 characters, guessed by no one.
+MIN_METRICS_TOKEN: Final = 16
+_TOKEN = re.compile(r"[\x21-\x7e]+")
 # Durations beyond this are a mistake (and beyond what a timer or timedelta holds).
 _MAX_DURATION_SECONDS = 10 * 366 * 24 * 3600
 # The longest a step may wait: 2**31 - 1 ms (about 24 days), the most a timer of
@@ -128,7 +164,13 @@ class Problem:
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Route:
-    """Where mail for a domain goes: its MX hosts, or a smarthost."""
+    """Where mail for a domain goes: its MX hosts, or a smarthost.
+
+    ``mta_sts`` is never set from the settings: the worker sets it on an MX route when
+    the recipient domain's MTA-STS policy applies (RFC 8461). ``enforce`` requires
+    STARTTLS and a certificate valid for the MX host's name; ``testing`` checks the
+    same, reports what failed, and goes on as without a policy.
+    """
 
     type: str
     host: str | None = None
@@ -138,6 +180,7 @@ class Route:
     tls: str = "starttls"
     tls_verify: bool = True
     tls_required: bool = False
+    mta_sts: STSMode | None = None
 
 
 DKIM_ALGORITHMS: Final = ("rsa-sha256", "ed25519-sha256")
@@ -173,6 +216,17 @@ class Timeouts:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class TaskSettings:
+    """``TASKS``: the framework the delivery tasks are sent to, and how (docs/tasks.md)."""
+
+    framework: str  # a key of TASK_FRAMEWORKS
+    module: str  # the module of its delivery task
+    backend: str = "default"  # the django.tasks backend alias
+    queue: str | None = None  # None: the framework's own default (or Celery's routes)
+    claim_seconds: float = DEFAULT_TASK_CLAIM_SECONDS
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class QueueSettings:
     """The validated ``BUMAIL_QUEUE``; see ``docs/settings.md`` for each field."""
 
@@ -199,6 +253,9 @@ class QueueSettings:
     unreachable_host_memory: timedelta
     dkim: tuple[DKIMSigner, ...]
     dkim_unsigned_on_error: bool
+    mta_sts: bool
+    mta_sts_https_port: int
+    tls_ca_file: str | None
     retry_min_delay: timedelta
     retry_max_delay: timedelta
     retry_factor: float
@@ -209,6 +266,9 @@ class QueueSettings:
     poll_seconds: float
     delivery_log: bool
     delivery_log_retention: timedelta | None
+    tasks: TaskSettings | None = None
+    metrics_domains: frozenset[str] = frozenset()
+    metrics_token: str | None = dataclasses.field(default=None, repr=False)
     shaping: Mapping[str, Limits] = dataclasses.field(default_factory=dict)
 
     @property
@@ -278,6 +338,11 @@ class _Validator:
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             allowed = "a whole number above 0" + (", or None" if optional else "")
             self.add(check_id, key, f"BUMAIL_QUEUE['{key}'] must be {allowed}; got {value!r}.")
+
+    def port(self, raw: Mapping[str, Any], key: str, check_id: str) -> None:
+        value = raw.get(key, DEFAULTS[key])
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+            self.add(check_id, key, f"BUMAIL_QUEUE['{key}'] must be a port number from 1 to 65535; got {value!r}.")
 
     def duration(self, raw: Mapping[str, Any], key: str, check_id: str, *, zero_is_off: bool = False) -> float | None:
         """Check a duration; return it in seconds, or ``None`` when it is not valid.
@@ -454,13 +519,7 @@ def validate(raw: Any) -> list[Problem]:
                 )
             check.route(route, f"BUMAIL_QUEUE['ROUTES'][{domain!r}]")
 
-    mx_port = raw.get("MX_PORT", DEFAULTS["MX_PORT"])
-    if isinstance(mx_port, bool) or not isinstance(mx_port, int) or not 0 < mx_port < 65536:
-        check.add(
-            "bumail_queue.E008",
-            "MX_PORT",
-            f"BUMAIL_QUEUE['MX_PORT'] must be a port number from 1 to 65535; got {mx_port!r}.",
-        )
+    check.port(raw, "MX_PORT", "bumail_queue.E008")
     nameservers = raw.get("DNS_NAMESERVERS")
     if nameservers is not None and (
         isinstance(nameservers, str)
@@ -495,6 +554,7 @@ def validate(raw: Any) -> list[Problem]:
         check.positive_int(raw, key, "bumail_queue.E021")
     check.duration(raw, "UNREACHABLE_HOST_MEMORY", "bumail_queue.E021", zero_is_off=True)
     _check_dkim(check, raw)
+    _check_mta_sts(check, raw)
     min_delay = check.duration(raw, "RETRY_MIN_DELAY", "bumail_queue.E015")
     max_delay = check.duration(raw, "RETRY_MAX_DELAY", "bumail_queue.E015")
     if min_delay is not None and max_delay is not None and min_delay > max_delay:
@@ -572,8 +632,125 @@ def validate(raw: Any) -> list[Problem]:
         )
     if raw.get("DELIVERY_LOG_RETENTION", DEFAULTS["DELIVERY_LOG_RETENTION"]) is not None:
         check.duration(raw, "DELIVERY_LOG_RETENTION", "bumail_queue.E020")
+    for problem in _task_problems(raw.get("TASKS")):
+        check.add("bumail_queue.E025", "TASKS", f"BUMAIL_QUEUE['TASKS'] {problem}.")
+    _check_metrics(check, raw)
     _check_shaping(check, raw.get("SHAPING", DEFAULTS["SHAPING"]))
     return check.problems
+
+
+def _task_problems(value: Any) -> list[str]:
+    """What is wrong with ``TASKS``; finding the framework imports nothing of it."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = {"FRAMEWORK": value}
+    if not isinstance(value, Mapping):
+        return [f"must be None, 'django', 'celery' or a dict with 'FRAMEWORK'; got {value!r}"]
+    framework = value.get("FRAMEWORK")
+    if framework not in TASK_FRAMEWORKS:
+        return [f"names the framework {framework!r}; it must be one of {', '.join(map(repr, TASK_FRAMEWORKS))}"]
+    problems = [
+        f"has a key a {framework!r} set-up does not take: {key!r} (allowed: {', '.join(sorted(_TASK_KEYS[framework]))})"
+        for key in sorted(set(value) - _TASK_KEYS[framework], key=repr)
+    ]
+    for key in ("BACKEND", "QUEUE"):
+        if key in value and not (isinstance(value[key], str) and value[key]):
+            problems.append(f"['{key}'] must be a non-empty string; got {value[key]!r}")
+    seconds = value.get("CLAIM_SECONDS", DEFAULT_TASK_CLAIM_SECONDS)
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds <= 3600:
+        problems.append(f"['CLAIM_SECONDS'] must be a number of seconds above 0 and at most 3600; got {seconds!r}")
+    if not any(_importable(module) for module in _TASK_FRAMEWORK_MODULES[framework]):
+        problems.append(_missing_framework(framework))
+    elif framework == "django":
+        problems += _django_task_backend_problems(value.get("BACKEND", "default"))
+    return problems
+
+
+def task_framework(raw: Any) -> str | None:
+    """The framework a raw ``BUMAIL_QUEUE`` names in ``TASKS``, read without validating
+    the rest (``None``: off, or a value ``validate()`` refuses)."""
+    value = raw.get("TASKS") if isinstance(raw, Mapping) else None
+    framework = value.get("FRAMEWORK") if isinstance(value, Mapping) else value
+    return framework if isinstance(framework, str) and framework in TASK_FRAMEWORKS else None
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # its parent package is missing
+        return False
+
+
+def _missing_framework(framework: str) -> str:
+    if framework == "celery":
+        return "names Celery, which is not installed: pip install 'bumail_queue[celery]'"
+    return (
+        "names django.tasks, which Django 6.0 brings and Django 5.2 has from the django-tasks package: "
+        "pip install 'bumail_queue[tasks]', or upgrade Django"
+    )
+
+
+def _django_task_backend_problems(backend: Any) -> list[str]:
+    if not isinstance(backend, str) or not backend:
+        return []  # said above
+    # Django's TASKS (and the backport's) default to one "default" backend.
+    aliases = getattr(django_settings, "TASKS", None) or {"default": {}}
+    if backend in aliases:
+        return []
+    return [f"['BACKEND'] is {backend!r}, which is not an alias of the TASKS setting ({', '.join(map(repr, aliases))})"]
+
+
+def _tasks_from(raw: Any) -> TaskSettings | None:
+    if raw is None:
+        return None
+    value = {"FRAMEWORK": raw} if isinstance(raw, str) else raw
+    return TaskSettings(
+        framework=value["FRAMEWORK"],
+        module=TASK_FRAMEWORKS[value["FRAMEWORK"]],
+        backend=value.get("BACKEND", "default"),
+        queue=value.get("QUEUE"),
+        claim_seconds=float(value.get("CLAIM_SECONDS", DEFAULT_TASK_CLAIM_SECONDS)),
+    )
+
+
+def _check_metrics(check: _Validator, raw: Mapping[str, Any]) -> None:
+    """Check ``METRICS_DOMAINS`` (a bounded list of domains: label values) and
+    ``METRICS_TOKEN`` (never repeated in a message: it is a secret)."""
+    domains = raw.get("METRICS_DOMAINS", DEFAULTS["METRICS_DOMAINS"])
+    if isinstance(domains, str) or not isinstance(domains, list | tuple | set | frozenset):
+        check.add(
+            "bumail_queue.E026",
+            "METRICS_DOMAINS",
+            f"BUMAIL_QUEUE['METRICS_DOMAINS'] must be a list of recipient domains such as ['gmail.com']; got {domains!r}.",
+        )
+    else:
+        bad = [d for d in domains if not (isinstance(d, str) and _is_dkim_domain(d))]
+        if bad:
+            check.add(
+                "bumail_queue.E026",
+                "METRICS_DOMAINS",
+                f"BUMAIL_QUEUE['METRICS_DOMAINS'] must hold domain names such as 'gmail.com'; these are not: "
+                f"{', '.join(map(repr, bad))}.",
+            )
+        elif len({normalise_domain(d) for d in domains}) > MAX_METRICS_DOMAINS:
+            check.add(
+                "bumail_queue.E026",
+                "METRICS_DOMAINS",
+                f"BUMAIL_QUEUE['METRICS_DOMAINS'] names {len(domains)} domains; at most {MAX_METRICS_DOMAINS} may "
+                "have a label of their own (each multiplies the series Prometheus keeps).",
+            )
+    token = raw.get("METRICS_TOKEN")
+    if token is not None and not (
+        isinstance(token, str) and len(token) >= MIN_METRICS_TOKEN and _TOKEN.fullmatch(token)
+    ):
+        check.add(
+            "bumail_queue.E026",
+            "METRICS_TOKEN",
+            f"BUMAIL_QUEUE['METRICS_TOKEN'] must be None or a string of at least {MIN_METRICS_TOKEN} printable "
+            "ASCII characters without spaces (python -c 'import secrets; print(secrets.token_urlsafe(32))' "
+            "makes one).",
+        )
 
 
 _SHAPING_KEYS: Final = ("CONCURRENCY", "RATE", "SLOW_START", "SUSPEND")
@@ -711,6 +888,43 @@ def _dkim_signer_problems(signer: Any) -> list[str]:
     return problems
 
 
+def _check_mta_sts(check: _Validator, raw: Mapping[str, Any]) -> None:
+    """Check ``MTA_STS``, ``MTA_STS_HTTPS_PORT`` and ``TLS_CA_FILE``: a flag, a port, a
+    file of PEM certificates this process can read."""
+    if not isinstance(raw.get("MTA_STS", DEFAULTS["MTA_STS"]), bool):
+        check.add(
+            "bumail_queue.E027", "MTA_STS", f"BUMAIL_QUEUE['MTA_STS'] must be True or False; got {raw['MTA_STS']!r}."
+        )
+    check.port(raw, "MTA_STS_HTTPS_PORT", "bumail_queue.E027")
+    ca_file = raw.get("TLS_CA_FILE")
+    if ca_file is None:
+        return
+    problem = _ca_file_problem(ca_file)
+    if problem is not None:
+        check.add(
+            "bumail_queue.E027",
+            "TLS_CA_FILE",
+            f"BUMAIL_QUEUE['TLS_CA_FILE'] must be None (the system's trust store) or the path of a file of PEM "
+            f"CA certificates; {ca_file!r} {problem}.",
+        )
+
+
+def _ca_file_problem(ca_file: Any) -> str | None:
+    """Say why ``ca_file`` is no readable file of CA certificates, or return ``None``."""
+    if not isinstance(ca_file, str | os.PathLike) or not os.fspath(ca_file):
+        return "is not a path"
+    path = os.fspath(ca_file)
+    if not os.path.isfile(path):
+        return "is not a file"
+    if not os.access(path, os.R_OK):
+        return "cannot be read by this process"
+    try:
+        ssl.create_default_context(cafile=path)
+    except (ssl.SSLError, OSError, ValueError) as error:
+        return f"holds no certificate Python's ssl module can load ({error})"
+    return None
+
+
 def _is_dkim_domain(domain: str) -> bool:
     name = normalise_domain(domain)
     return bool(_HOSTNAME.fullmatch(name)) and "." in name.strip(".") and not _is_ip(name)
@@ -777,6 +991,9 @@ def load(raw: Any) -> QueueSettings:
         unreachable_host_memory=_as_timedelta(values["UNREACHABLE_HOST_MEMORY"]),
         dkim=tuple(map(_dkim_from, values["DKIM"])),
         dkim_unsigned_on_error=values["DKIM_UNSIGNED_ON_ERROR"],
+        mta_sts=values["MTA_STS"],
+        mta_sts_https_port=values["MTA_STS_HTTPS_PORT"],
+        tls_ca_file=None if values["TLS_CA_FILE"] is None else os.fspath(values["TLS_CA_FILE"]),
         retry_min_delay=_as_timedelta(values["RETRY_MIN_DELAY"]),
         retry_max_delay=_as_timedelta(values["RETRY_MAX_DELAY"]),
         retry_factor=float(values["RETRY_FACTOR"]),
@@ -789,6 +1006,9 @@ def load(raw: Any) -> QueueSettings:
         delivery_log_retention=None
         if values["DELIVERY_LOG_RETENTION"] is None
         else _as_timedelta(values["DELIVERY_LOG_RETENTION"]),
+        tasks=_tasks_from(values["TASKS"]),
+        metrics_domains=frozenset(map(normalise_domain, values["METRICS_DOMAINS"])),
+        metrics_token=values["METRICS_TOKEN"],
         shaping=_shaping_from(values["SHAPING"]),
     )
 

@@ -159,6 +159,61 @@ class DeliveryLog(models.Model):
         return reply_line(Reply(code=self.reply_code, status=self.reply_status, text=self.reply_text))
 
 
+class MTASTSPolicy(models.Model):
+    """A recipient domain's MTA-STS policy (RFC 8461), as last fetched: the ORM store
+    keeps it for every worker until its domain announces another (``docs/mta-sts.md``)."""
+
+    # Lowercase A-labels, as routes compare domains.
+    domain = models.CharField(_("domain"), max_length=255, primary_key=True)
+    # The id of the _mta-sts TXT record the policy was fetched for.
+    policy_id = models.CharField(_("policy id"), max_length=32)
+    mode = models.CharField(_("mode"), max_length=16)
+    mx = models.JSONField(_("mx patterns"), default=list)
+    max_age = models.PositiveIntegerField(_("max age"))
+    fetched_at = models.DateTimeField(_("fetched at"))
+
+    class Meta:
+        db_table = "bumail_queue_mta_sts_policies"
+        verbose_name = _("MTA-STS policy")
+        verbose_name_plural = _("MTA-STS policies")
+
+    def __str__(self) -> str:
+        return f"{self.domain} ({self.mode}, id {self.policy_id})"
+
+
+class TLSReportCount(models.Model):
+    """How many TLS sessions of a day to a policy domain ended one way (RFC 8460): the
+    rows ``manage.py queue_tlsrpt`` makes a day's reports of (``docs/mta-sts.md``)."""
+
+    id = models.BigAutoField(primary_key=True)
+    day = models.DateField(_("day"))
+    domain = models.CharField(_("policy domain"), max_length=255)
+    policy_id = models.CharField(_("policy id"), max_length=32, blank=True)
+    # The policy's lines (RFC 8460's policy-string); empty when none could be had.
+    policy = models.JSONField(_("policy"), default=list)
+    # An RFC 8460 result type; "" counts the successful sessions.
+    result = models.CharField(_("result type"), max_length=32, blank=True)
+    mx_host = models.CharField(_("MX host"), max_length=255, blank=True)
+    address = models.CharField(_("address"), max_length=45, blank=True)
+    reason = models.TextField(_("reason"), blank=True)
+    count = models.PositiveBigIntegerField(_("sessions"), default=0)
+
+    class Meta:
+        db_table = "bumail_queue_tls_report_counts"
+        verbose_name = _("TLS report count")
+        verbose_name_plural = _("TLS report counts")
+        constraints = (
+            # One row per kind, which an upsert adds to; it leads with the day, so it
+            # also serves a day's report and the purge of old days.
+            models.UniqueConstraint(
+                fields=("day", "domain", "policy_id", "result", "mx_host", "address"), name="bumail_queue_tls_kind"
+            ),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.domain} {self.result or 'successful'}: {self.count}"
+
+
 class ShapingBucket(models.Model):
     """One destination's shaping state (``SHAPING``), shared by every worker.
 

@@ -18,7 +18,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -44,6 +44,7 @@ __all__ = [
     "RECORD_RETRY_DELAYS",
     "Attempt",
     "Enqueue",
+    "Meter",
     "Recorder",
     "Stats",
     "close_broken_connections",
@@ -98,6 +99,34 @@ class Attempt:
     def lost_message(self) -> bool:
         """Whether the store held the item but no longer its message."""
         return self.headers is None
+
+
+class Meter(Protocol):
+    """What a worker tells a monitor as it works (``bumail_queue.metrics.WorkerMetrics``).
+
+    Given to a ``Worker`` only when metrics are on: without one, the worker pays
+    one ``is None`` test per event and nothing more. Each call must be quick and
+    thread-safe (the delivery, recorder and claim threads all call it), and must
+    not raise.
+    """
+
+    def claimed(self, count: int) -> None:
+        """A claim returned ``count`` items (0 when nothing was due)."""
+
+    def session_ended(self, seconds: float) -> None:
+        """A delivery thread spent ``seconds`` on one item's attempt."""
+
+    def attempted(self, item: QueueItem, outcomes: Mapping[str, Outcome], now: datetime) -> None:
+        """The outcomes of an attempt at ``item`` were recorded at ``now``."""
+
+    def dsn_sent(self, kind: DSNKind) -> None:
+        """A DSN of ``kind`` was queued."""
+
+    def lease_lost(self) -> None:
+        """An attempt's outcomes were refused: the lease was no longer this worker's."""
+
+    def store_failed(self) -> None:
+        """The store refused a claim, or a batch of outcomes."""
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -214,6 +243,7 @@ class Recorder:
         enqueue: Enqueue,
         stats: Stats,
         lease_until: Callable[[str], datetime | None],
+        meter: Meter | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -221,6 +251,7 @@ class Recorder:
         self.clock = clock
         self.enqueue = enqueue
         self.stats = stats
+        self.meter = meter
         self._lease_until = lease_until
         self._counting = threading.Lock()
 
@@ -242,6 +273,8 @@ class Recorder:
                 if delay is None:
                     with self._counting:
                         self.stats.store_errors += 1
+                    if self.meter is not None:
+                        self.meter.store_failed()
                     for attempt in attempts:
                         report_error(error, attempt.item.id)
                     return [None] * len(attempts)
@@ -274,6 +307,8 @@ class Recorder:
         """Send what one recorded attempt calls for: its signals, its DSNs, its errors."""
         item = attempt.item
         if isinstance(recorded, QueueError):
+            if self.meter is not None and recorded.code == ErrorCode.LEASE_LOST:
+                self.meter.lease_lost()
             report_error(recorded, item.id)
             return None
         if recorded is None:
@@ -282,6 +317,8 @@ class Recorder:
                 # Cancelled while we held the lease: say what the session did, no DSN.
                 self._tell_outcomes(attempt, None)
             elif not attempt.lost_message:
+                if self.meter is not None:
+                    self.meter.lease_lost()
                 report_error(
                     QueueError(
                         ErrorCode.LEASE_LOST,
@@ -315,6 +352,8 @@ class Recorder:
             for outcome in attempt.result.outcomes.values():
                 name = outcome.status.value
                 setattr(self.stats, name, getattr(self.stats, name) + 1)
+        if self.meter is not None:
+            self.meter.attempted(item, attempt.result.outcomes, self.clock())
         for address, outcome in attempt.result.outcomes.items():
             reply = outcome.reply
             logger.info(
@@ -367,6 +406,8 @@ class Recorder:
                 will_retry_until=item.created_at + self.settings.max_age if kind == "delayed" else None,
             )
             dsn_item = self.enqueue(data, sender="", recipients=[item.sender])
+            if self.meter is not None:
+                self.meter.dsn_sent(kind)
         except QueueError as error:
             report_error(error, item.id)
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -11,11 +12,12 @@ from typing import TYPE_CHECKING
 from django.core.mail import EmailMessage
 from django.db import transaction
 from django.utils import timezone
+from django.utils.module_loading import import_string
 
 from . import mime, signals
 from .addresses import domain_problem
 from .conf import QueueSettings, get_settings, normalise_domain
-from .errors import ErrorCode, QueueError
+from .errors import ErrorCode, QueueError, first_line
 from .items import NewItem, QueueItem
 from .queries import AGE_BUCKETS, ItemQuery, ItemState, QueueSummary, RetryResult
 from .shaping import DestinationState
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
     from .worker import Stats
 
 Clock = Callable[[], datetime]
+
+logger = logging.getLogger(__name__)
 
 
 class QueueService:
@@ -102,9 +106,11 @@ class QueueService:
         item = self.prepare(message, sender=sender, recipients=recipients, at=at, key=key)
         store, max_items = self.store, self.settings.max_items
         if _on_commit(store):
-            transaction.on_commit(lambda: store.add(item, max_items=max_items))
+            transaction.on_commit(lambda: self._send_tasks_for([store.add(item, max_items=max_items)], store))
             return item.to_queue_item()
-        return store.add(item, max_items=max_items)
+        added = store.add(item, max_items=max_items)
+        self._send_tasks_for([added], store)
+        return added
 
     def enqueue_many(self, messages: Sequence[EmailMessage | bytes]) -> builtins.list[QueueItem]:
         """Queue several messages in one step: all of them, or none."""
@@ -112,9 +118,66 @@ class QueueService:
         items = [self.prepare(message, now=now) for message in messages]
         store, max_items = self.store, self.settings.max_items
         if _on_commit(store) and items:
-            transaction.on_commit(lambda: store.add_many(items, max_items=max_items))
+            transaction.on_commit(lambda: self._send_tasks_for(store.add_many(items, max_items=max_items), store))
             return [item.to_queue_item() for item in items]
-        return store.add_many(items, max_items=max_items)
+        added = store.add_many(items, max_items=max_items)
+        self._send_tasks_for(added, store)
+        return added
+
+    # -- the delivery tasks (TASKS) ----------------------------------------------------
+
+    def _send_tasks_for(self, items: Sequence[QueueItem], store: QueueStore) -> None:
+        """Send the delivery tasks of items just added: those due now at once, the
+        others for their first attempt (a framework that cannot defer a task leaves
+        them to its periodic pass)."""
+        if self.settings.tasks is None or not items:
+            return
+        now = self.clock()
+        due = [item.id for item in items if item.next_attempt_at <= now]
+        if due:
+            self._send_tasks(store, due)
+        later: dict[datetime, builtins.list[str]] = {}
+        for item in items:
+            if item.next_attempt_at > now:
+                later.setdefault(item.next_attempt_at, []).append(item.id)
+        for at, ids in later.items():
+            self._send_tasks(store, ids, at=at)
+
+    def _send_tasks(self, store: QueueStore, ids: Sequence[str] | None, *, at: datetime | None = None) -> None:
+        """With ``TASKS`` on, send delivery tasks for ``ids`` (``None``: one for a pass over
+        everything due) once the store's writes are visible: on commit of the queue's
+        database for a store inside it, else now. Ids only reach the broker, at most
+        ``CLAIM_BATCH_SIZE`` a task. A broker that refuses is logged: the mail stays
+        queued for the next pass."""
+        tasks = self.settings.tasks
+        if tasks is None:
+            return
+        batch = self.settings.claim_batch_size
+        chunks = (
+            [None]
+            if ids is None
+            else [builtins.list(ids[start : start + batch]) for start in range(0, len(ids), batch)]
+        )
+        send = import_string(f"{tasks.module}.send")
+
+        def send_all() -> None:
+            for chunk in chunks:
+                try:
+                    send(chunk, settings=tasks, at=at)
+                except Exception as error:
+                    what = "a delivery pass" if chunk is None else f"{len(chunk)} items"
+                    logger.error(
+                        "could not send the delivery task of %s to %s: %s; the mail stays queued for the next pass",
+                        what,
+                        tasks.framework,
+                        first_line(error),
+                        extra={"action": "task_error"},
+                    )
+
+        if store.supports_transactional_enqueue:
+            transaction.on_commit(send_all, using=self.settings.database)  # at once outside a transaction
+        else:
+            send_all()
 
     # -- the queue --------------------------------------------------------------------
 
@@ -134,7 +197,11 @@ class QueueService:
 
     def retry_now(self, id: str) -> bool:
         """Make the item due now; ``True`` if it was in the queue."""
-        return self.store.reschedule(str(id), at=self.clock())
+        store = self.store
+        moved = store.reschedule(str(id), at=self.clock())
+        if moved:
+            self._send_tasks(store, [_usual_id(str(id))])
+        return moved
 
     def retry_deferred(self, *, domain: str | None = None, ids: Sequence[str] | None = None) -> RetryResult:
         """Make deferred mail due now, by the admin's *Retry now* rules: an item being
@@ -155,13 +222,22 @@ class QueueService:
         if ids is not None:
             return self._retry_items([ids] if isinstance(ids, str) else [str(given) for given in ids], now)
         retry_domain = None if domain is None else _recipient_domain(domain)
-        return RetryResult(due=self.store.retry_deferred(now=now, domain=retry_domain))
+        store = self.store
+        result = RetryResult(due=store.retry_deferred(now=now, domain=retry_domain))
+        if result.due:
+            self._send_tasks(store, None)  # which items moved is the store's to know: a pass
+        return result
 
     def _retry_items(self, ids: builtins.list[str], now: datetime) -> RetryResult:
         # The store gets each id once, in its usual form; the answer names them as given.
         usual = {given: _usual_id(given) for given in ids}
-        done = self.store.retry_items(builtins.list(dict.fromkeys(usual.values())), now=now)
+        store = self.store
+        done = store.retry_items(builtins.list(dict.fromkeys(usual.values())), now=now)
         leased, missing = set(done.leased), set(done.missing)
+        if done.due:
+            self._send_tasks(
+                store, [item_id for item_id in dict.fromkeys(usual.values()) if item_id not in leased | missing]
+            )
         return RetryResult(
             due=done.due,
             leased=tuple(given for given, item_id in usual.items() if item_id in leased),
@@ -213,17 +289,42 @@ class QueueService:
         return self.store.read_message(str(id))
 
     def deliver_due(
-        self, now: datetime | None = None, *, transport: Transport | None = None, resolver: Resolver | None = None
+        self,
+        now: datetime | None = None,
+        *,
+        ids: Sequence[str] | None = None,
+        claim_seconds: float | None = None,
+        transport: Transport | None = None,
+        resolver: Resolver | None = None,
     ) -> Stats:
         """Deliver everything due in this process, then return what was done.
 
         For tests and cron: ``now`` fixes the clock for the whole pass, and the SMTP
         transport and the DNS resolver can be given in place of the real ones.
+
+        ``ids``: deliver those items only, each if it is due and no lease holds it (a
+        duplicate call delivers nothing twice); a store that does not claim by id
+        (``claims_by_id``) runs the whole pass instead. ``claim_seconds``: stop
+        claiming once that long has passed since the pass began (one claim at least),
+        give back what was claimed but not started (due at once), and return when the
+        sessions under way end. With ``TASKS`` on, the DSNs the pass sends are queued through ``enqueue``,
+        so that each has its delivery task too.
         """
         from .worker import Worker
 
+        if ids is not None and not self.store.claims_by_id:
+            ids = None
         clock = self.clock if now is None else (lambda: now)
-        worker = Worker(settings=self.settings, store=self.store, transport=transport, resolver=resolver, clock=clock)
+        worker = Worker(
+            settings=self.settings,
+            store=self.store,
+            transport=transport,
+            resolver=resolver,
+            clock=clock,
+            enqueue=self.enqueue if self.settings.tasks is not None else None,
+            item_ids=None if ids is None else [_usual_id(str(item_id)) for item_id in ids],
+            claim_seconds=claim_seconds,
+        )
         return worker.run_until_idle()
 
 

@@ -27,21 +27,25 @@ module imports pytest; nothing else in ``bumail_queue`` does.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import threading
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db import connections
 
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, Outcome, QueueItem, Reply
 from bumail_queue.items import RecipientStatus as S
-from bumail_queue.queries import ItemQuery, ItemState, RetryResult
+from bumail_queue.queries import ItemQuery, ItemState, QueueGauges, RetryResult
 from bumail_queue.shaping import Limits, Permit, PermitRequest, Rate, WindowChange
 from bumail_queue.stores.base import QueueStore
+from bumail_queue.sts import STSMode, STSPolicy, TLSResult, TLSSessionCount
 
 __all__ = [
     "LATER",
@@ -54,6 +58,8 @@ __all__ = [
     "claim_one",
     "new_item",
     "result",
+    "sts_policy",
+    "tls_count",
     "tried_once",
 ]
 
@@ -138,6 +144,13 @@ def tried_once(
     recorded = store.complete(added.id, owner="tried-once", result=result(until, **outcomes))
     assert recorded is not None
     return recorded
+
+
+def _claims_by_id(store: QueueStore) -> None:
+    """Skip a claim-by-id test for a store that says it does not claim by id: its delivery
+    tasks run a pass over everything due instead (every built-in store claims by id)."""
+    if not store.claims_by_id:
+        pytest.skip(f"{type(store).__name__} does not claim by id (claims_by_id is False)")
 
 
 def ask(
@@ -485,6 +498,79 @@ class StoreContract(ShapingContract):
     def test_claim_with_an_empty_owner_is_invalid(self, store: QueueStore) -> None:
         with pytest.raises(QueueError) as error:
             store.claim(owner="", now=T0, lease_until=T0 + LEASE)
+        assert error.value.code == "INVALID"
+
+    # -- claim by id: the delivery tasks ------------------------------------------------
+
+    def test_claim_items_leases_the_named_due_items_oldest_first_and_no_other(self, store: QueueStore) -> None:
+        _claims_by_id(store)
+        older = store.add(new_item(next_attempt_at=T0 - timedelta(minutes=1)))
+        other = store.add(new_item(next_attempt_at=T0 - timedelta(minutes=5)))  # due earlier, not named
+        newer = store.add(new_item(next_attempt_at=T0 - timedelta(minutes=9)))
+        claimed = store.claim_items([newer.id, older.id], owner="task", now=T0, lease_until=T0 + LEASE)
+        assert [i.id for i in claimed] == [older.id, newer.id]
+        for item in claimed:
+            assert (item.lease_owner, item.lease_expires_at, item.next_attempt_at) == ("task", T0 + LEASE, T0 + LEASE)
+            assert store.get(item.id) == item
+        assert store.get(other.id).lease_owner is None
+        assert [i.id for i in store.claim(owner="w1", now=T0, lease_until=T0 + LEASE, limit=10)] == [other.id]
+
+    def test_claim_items_passes_over_items_not_due_leased_or_unknown(self, store: QueueStore) -> None:
+        _claims_by_id(store)
+        later = store.add(new_item(next_attempt_at=T0 + timedelta(seconds=1)))
+        leased = store.add(new_item())
+        assert claim_one(store, "w1").id == leased.id
+        due = store.add(new_item())
+        unknown = ["00000000-0000-4000-8000-000000000000", "not-an-id", "nul\x00", ""]
+        claimed = store.claim_items(
+            [later.id, leased.id, *unknown, due.id, due.id], owner="task", now=T0, lease_until=T0 + LEASE
+        )
+        assert [i.id for i in claimed] == [due.id]
+        assert store.get(later.id).lease_owner is None
+        assert store.get(leased.id).lease_owner == "w1"
+        assert store.claim_items([], owner="task", now=T0, lease_until=T0 + LEASE) == []
+
+    def test_of_two_claimers_naming_one_item_one_gets_it_until_its_lease_expires(self, store: QueueStore) -> None:
+        _claims_by_id(store)
+        added = store.add(new_item())
+        first = store.claim_items([added.id], owner="task-1", now=T0, lease_until=T0 + LEASE)
+        second = store.claim_items([added.id], owner="task-2", now=T0, lease_until=T0 + LEASE)
+        assert ([i.id for i in first], second) == ([added.id], [])
+        assert claim_one(store, "w1", now=T0 + LEASE - timedelta(seconds=1)) is None
+        again = store.claim_items([added.id], owner="task-2", now=T0 + LEASE, lease_until=T0 + 2 * LEASE)
+        assert [(i.id, i.lease_owner) for i in again] == [(added.id, "task-2")]
+
+    def test_claim_items_racing_in_threads_never_hands_an_item_out_twice(self, store: QueueStore) -> None:
+        _claims_by_id(store)
+        ids = [item.id for item in store.add_many([new_item() for _ in range(30)])]
+        start = threading.Barrier(4)
+
+        def claim(owner: str) -> builtins.list[str]:
+            try:
+                start.wait()
+                return [i.id for i in store.claim_items(ids, owner=owner, now=T0, lease_until=T0 + LEASE)]
+            finally:
+                connections.close_all()
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            got = list(pool.map(claim, ["t1", "t2", "t3", "t4"]))
+        handed_out = [item_id for claimed in got for item_id in claimed]
+        assert sorted(handed_out) == sorted(ids)
+
+    def test_an_item_claimed_by_id_is_completed_by_its_owner_only(self, store: QueueStore) -> None:
+        _claims_by_id(store)
+        added = store.add(new_item(recipients=["a@example.org"]))
+        store.claim_items([added.id], owner="task", now=T0, lease_until=T0 + LEASE)
+        with pytest.raises(QueueError) as error:
+            store.complete(added.id, owner="w1", result=result(T0, **{"a@example.org": (S.DELIVERED, OK)}))
+        assert error.value.code == "LEASE_LOST"
+        assert store.complete(added.id, owner="task", result=result(T0, **{"a@example.org": (S.DELIVERED, OK)}))
+        assert store.get(added.id) is None
+
+    def test_claim_items_with_an_empty_owner_is_invalid(self, store: QueueStore) -> None:
+        _claims_by_id(store)
+        with pytest.raises(QueueError) as error:
+            store.claim_items([str(uuid.uuid4())], owner="", now=T0, lease_until=T0 + LEASE)
         assert error.value.code == "INVALID"
 
     def test_retry_now_on_a_leased_item_keeps_the_lease(self, store: QueueStore) -> None:
@@ -853,6 +939,163 @@ class StoreContract(ShapingContract):
         summary = store.summary(now=T0)
         assert (summary.total, summary.oldest_created_at, summary.shape, summary.due) == (0, None, (), 0)
 
+    # -- reading for monitors: the gauges of the metrics ---------------------------------
+
+    def test_gauges_count_items_by_state_recipients_and_ages(self, store: QueueStore) -> None:
+        self._three_states(store)
+        old = store.add(new_item(recipients=["o@slow.example"], created_at=T0 - timedelta(hours=30)))
+        gauges = store.gauges(now=T0 + timedelta(minutes=1))
+        assert gauges == QueueGauges(
+            now=T0 + timedelta(minutes=1),
+            items={ItemState.QUEUED: 2, ItemState.DEFERRED: 1, ItemState.DELIVERING: 1},
+            recipients={S.PENDING: 4, S.DEFERRED: 1},
+            oldest={ItemState.QUEUED: old.created_at, ItemState.DEFERRED: T0, ItemState.DELIVERING: T0},
+            due=1,  # the old one: ``queued`` is due at T0 + 5 minutes, ``deferred`` at T0 + 30
+            first_due_at=old.created_at,
+            exact=True,
+        )
+        assert gauges.total == 4
+
+    def test_gauges_take_an_expired_lease_for_due(self, store: QueueStore) -> None:
+        self._three_states(store)
+        later = T0 + LEASE + timedelta(seconds=1)
+        gauges = store.gauges(now=later)
+        assert gauges.items == {ItemState.QUEUED: 2, ItemState.DEFERRED: 1, ItemState.DELIVERING: 0}
+        assert gauges.oldest[ItemState.DELIVERING] is None
+        # The item whose lease expired (due at its lease's end) and the queued one.
+        assert (gauges.due, gauges.first_due_at) == (2, T0 + timedelta(minutes=5))
+
+    def test_gauges_leave_final_recipients_out(self, store: QueueStore) -> None:
+        added = store.add(new_item(recipients=["a@one.example", "b@two.example", "c@two.example"]))
+        claim_one(store)
+        store.complete(
+            added.id,
+            owner="w1",
+            result=result(
+                T0 + timedelta(minutes=30),
+                **{
+                    "a@one.example": (S.DELIVERED, OK),
+                    "b@two.example": (S.DEFERRED, LATER),
+                    "c@two.example": (S.FAILED, NO_SUCH_USER),
+                },
+            ),
+        )
+        store.add(new_item(recipients=["d@three.example"]))
+        gauges = store.gauges(now=T0)
+        assert gauges.recipients == {S.PENDING: 1, S.DEFERRED: 1}
+        assert gauges.items == {ItemState.QUEUED: 1, ItemState.DEFERRED: 1, ItemState.DELIVERING: 0}
+
+    def test_gauges_of_an_empty_queue(self, store: QueueStore) -> None:
+        gauges = store.gauges(now=T0)
+        assert gauges == QueueGauges(
+            now=T0,
+            items=dict.fromkeys(ItemState, 0),
+            recipients={S.PENDING: 0, S.DEFERRED: 0},
+            oldest=dict.fromkeys(ItemState),
+            due=0,
+            first_due_at=None,
+            exact=True,
+        )
+
     def test_estimated_count_of_a_small_queue_is_exact(self, store: QueueStore) -> None:
         store.add_many([new_item(), new_item(), new_item()])
         assert store.estimated_count() == 3
+
+    # -- MTA-STS policies and TLS report counts -----------------------------------------
+
+    def test_an_sts_policy_is_kept_per_domain_the_last_put_replacing_the_one_before(self, store: QueueStore) -> None:
+        assert store.get_sts_policy("example.org") is None
+        first = sts_policy("example.org", id="one")
+        store.put_sts_policy(first)
+        store.put_sts_policy(sts_policy("example.net", id="other"))
+        assert store.get_sts_policy("example.org") == first
+        second = dataclasses.replace(
+            first, id="two", mode=STSMode.TESTING, mx=("*.mx.example.org",), max_age=60, fetched_at=T0 + LEASE
+        )
+        store.put_sts_policy(second)
+        assert store.get_sts_policy("example.org") == second
+        assert store.get_sts_policy("example.net").id == "other"
+
+    def test_an_expired_sts_policy_is_kept_for_the_caller_to_judge(self, store: QueueStore) -> None:
+        expired = sts_policy("example.org", id="old", max_age=1, fetched_at=T0 - timedelta(days=400))
+        store.put_sts_policy(expired)
+        assert store.get_sts_policy("example.org") == expired
+
+    def test_sts_policy_text_a_store_cannot_keep_is_invalid(self, store: QueueStore) -> None:
+        with pytest.raises(QueueError) as caught:
+            store.put_sts_policy(sts_policy("example.org", id="bad\x00"))
+        assert caught.value.code == "INVALID"
+        assert store.get_sts_policy("example.org") is None
+
+    def test_tls_session_counts_of_one_kind_add_up_and_keep_their_first_reason(self, store: QueueStore) -> None:
+        day = date(2026, 1, 1)
+        ok = tls_count(day, result=None, count=3)
+        failed = tls_count(day, result=TLSResult.STARTTLS_NOT_SUPPORTED, mx_host="mx.example.org", address="192.0.2.1")
+        store.count_tls_sessions([ok, failed, dataclasses.replace(ok, count=2)])
+        store.count_tls_sessions([dataclasses.replace(failed, reason="said later", count=4)])
+        counted = sorted(store.tls_session_counts(day), key=lambda c: c.result or "")
+        assert counted == [dataclasses.replace(ok, count=5), dataclasses.replace(failed, count=5)]
+
+    def test_tls_session_counts_of_other_kinds_stay_apart(self, store: QueueStore) -> None:
+        day = date(2026, 1, 1)
+        base = tls_count(day, result=TLSResult.CERTIFICATE_EXPIRED, mx_host="mx1.example.org", address="192.0.2.1")
+        others = [
+            dataclasses.replace(base, mx_host="mx2.example.org"),
+            dataclasses.replace(base, address="2001:db8::1"),
+            dataclasses.replace(base, result=TLSResult.CERTIFICATE_NOT_TRUSTED),
+            dataclasses.replace(base, policy_id="2", policy=("version: STSv1", "mode: none", "max_age: 1")),
+            dataclasses.replace(base, domain="example.net"),
+            dataclasses.replace(base, day=date(2026, 1, 2)),
+        ]
+        store.count_tls_sessions([base, *others])
+        assert sorted(c.kind for c in store.tls_session_counts(day)) == sorted(c.kind for c in [base, *others[:-1]])
+        assert store.tls_session_counts(date(2026, 1, 2)) == [others[-1]]
+        assert store.tls_session_counts(date(2026, 1, 3)) == []
+
+    def test_a_policy_that_could_not_be_had_is_counted_without_lines(self, store: QueueStore) -> None:
+        day = date(2026, 1, 1)
+        fetch_error = tls_count(day, result=TLSResult.STS_POLICY_FETCH_ERROR, policy=(), reason="HTTP 404")
+        store.count_tls_sessions([fetch_error])
+        assert store.tls_session_counts(day) == [fetch_error]
+
+    def test_counting_no_tls_session_writes_nothing(self, store: QueueStore) -> None:
+        store.count_tls_sessions([])
+        assert store.tls_session_counts(date(2026, 1, 1)) == []
+
+    def test_tls_count_text_a_store_cannot_keep_is_invalid_and_nothing_is_counted(self, store: QueueStore) -> None:
+        day = date(2026, 1, 1)
+        with pytest.raises(QueueError) as caught:
+            store.count_tls_sessions([tls_count(day, result=None), tls_count(day, result=None, reason="\ud800")])
+        assert caught.value.code == "INVALID"
+        assert store.tls_session_counts(day) == []
+
+    def test_purging_tls_session_counts_drops_the_days_before_the_one_given(self, store: QueueStore) -> None:
+        days = [date(2026, 1, 1), date(2026, 1, 2), date(2026, 1, 3)]
+        store.count_tls_sessions(
+            [tls_count(day, result=result) for day in days for result in (None, TLSResult.VALIDATION_FAILURE)]
+        )
+        assert store.purge_tls_session_counts(before=date(2026, 1, 3)) == 4
+        assert store.tls_session_counts(days[0]) == store.tls_session_counts(days[1]) == []
+        assert len(store.tls_session_counts(days[2])) == 2
+        assert store.purge_tls_session_counts(before=date(2026, 1, 3)) == 0
+
+
+def sts_policy(domain: str, *, id: str, max_age: int = 86400, fetched_at: datetime = T0) -> STSPolicy:
+    """Return an ``enforce`` policy of ``domain`` whose mx is ``mx.<domain>``."""
+    return STSPolicy(
+        domain=domain, id=id, mode=STSMode.ENFORCE, mx=(f"mx.{domain}",), max_age=max_age, fetched_at=fetched_at
+    )
+
+
+def tls_count(day: date, *, result: TLSResult | None, count: int = 1, **fields: Any) -> TLSSessionCount:
+    """Return a count of ``example.org``'s TLS sessions under its policy ``1``."""
+    fields.setdefault("policy", ("version: STSv1", "mode: enforce", "mx: mx.example.org", "max_age: 86400"))
+    fields.setdefault("reason", "" if result is None else "said first")
+    return TLSSessionCount(
+        day=day,
+        domain=fields.pop("domain", "example.org"),
+        policy_id=fields.pop("policy_id", "1"),
+        result=result,
+        count=count,
+        **fields,
+    )

@@ -42,7 +42,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db import connections
 from django.utils import timezone
@@ -50,13 +50,16 @@ from django.utils import timezone
 from bumail_queue.conf import QueueSettings, Route, get_settings
 from bumail_queue.delivery.dkim import Signatures
 from bumail_queue.delivery.dsn import header_block
-from bumail_queue.delivery.envelope import Delivery, Envelope, Host, Resolver, Transport
+from bumail_queue.delivery.envelope import Delivery, Envelope, Host, Resolver, TLSSession, Transport
+from bumail_queue.delivery.mta_sts import AppliedPolicy, STSPolicies
 from bumail_queue.delivery.routes import Destination, group_by_destination
+from bumail_queue.delivery.tlsrpt import TLSReportCounter
 from bumail_queue.errors import QueueError
 from bumail_queue.items import AttemptResult, Outcome, QueueItem, RecipientStatus, Reply
 from bumail_queue.outcomes import (
     Attempt,
     Enqueue,
+    Meter,
     Recorder,
     Stats,
     close_broken_connections,
@@ -71,6 +74,7 @@ from bumail_queue.threads import ThreadPool
 
 __all__ = [
     "Attempt",
+    "Meter",
     "Resolver",
     "Stats",
     "Transport",
@@ -130,6 +134,7 @@ class Worker:
         store: QueueStore | None = None,
         transport: Transport | None = None,
         resolver: Resolver | None = None,
+        mta_sts: STSPolicies | None = None,
         owner: str | None = None,
         concurrency: int | None = None,
         domain_concurrency: int | None = None,
@@ -137,7 +142,14 @@ class Worker:
         clock: Clock = timezone.now,
         rng: random.Random | None = None,
         enqueue: Enqueue | None = None,
+        item_ids: Sequence[str] | None = None,
+        claim_seconds: float | None = None,
+        meter: Meter | None = None,
     ) -> None:
+        """``item_ids``: claim only those items (``QueueStore.claim_items``), each once if
+        due and free, rather than whatever is due. ``claim_seconds``: once this long
+        has passed since the worker was made, stop after the claim under way, as
+        ``stop()`` does (a task's bounded run; one claim at least)."""
         self.settings = settings or get_settings()
         self.store = store or get_store()
         self.owner = owner or default_owner()
@@ -149,7 +161,12 @@ class Worker:
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not a secret
         self.transport = transport or self._default_transport()
         self._resolver = resolver
+        self._mta_sts = mta_sts
+        self._mta_sts_lock = threading.Lock()  # delivery threads ask for it at once
+        # The TLS sessions under MTA-STS policies, counted here and written now and then.
+        self.tls_reports = TLSReportCounter(self.store)
         self.stats = Stats()
+        self.meter = meter
         self._lease_until: dict[str, datetime] = {}
         self.recorder = Recorder(
             store=self.store,
@@ -159,6 +176,7 @@ class Worker:
             enqueue=enqueue or store_enqueue(self.store, self.settings, clock),
             stats=self.stats,
             lease_until=self._lease_until.get,
+            meter=meter,
         )
         self._changed = threading.Condition()
         self._stopping = threading.Event()
@@ -185,6 +203,9 @@ class Worker:
         # The earliest time an item this worker held back for shaping falls due again:
         # the loop wakes for it rather than waiting for its poll.
         self._held_due: datetime | None = None
+        # The ids still to claim, when this worker was given ids rather than the queue.
+        self._ids_to_claim = None if item_ids is None else list(dict.fromkeys(item_ids))
+        self._claim_until = None if claim_seconds is None else time.monotonic() + claim_seconds
 
     def _default_transport(self) -> Transport:
         from bumail_queue.delivery.smtp import SMTPTransport
@@ -197,6 +218,7 @@ class Worker:
             unreachable_memory_seconds=self.settings.unreachable_host_memory.total_seconds(),
             # Without signers it signs nothing, and the transport leaves it out.
             dkim=Signatures(self.settings.dkim, unsigned_on_error=self.settings.dkim_unsigned_on_error),
+            ca_file=self.settings.tls_ca_file,
         )
 
     @property
@@ -217,6 +239,23 @@ class Worker:
             address_limit=self.settings.mx_address_limit,
         )
 
+    @property
+    def mta_sts(self) -> STSPolicies | None:
+        """The MTA-STS policies of recipient domains (``None`` with ``MTA_STS`` off),
+        made when first needed, kept in the store for every worker."""
+        if self._mta_sts is None and self.settings.mta_sts:
+            with self._mta_sts_lock:
+                if self._mta_sts is None:  # one for all threads: one fetch per domain
+                    self._mta_sts = STSPolicies(
+                        cache=self.store,
+                        nameservers=self.settings.dns_nameservers,
+                        https_port=self.settings.mta_sts_https_port,
+                        ca_file=self.settings.tls_ca_file,
+                        allowed_networks=self.settings.allowed_private_networks,
+                        clock=self.clock,
+                    )
+        return self._mta_sts
+
     # -- control ----------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -229,6 +268,11 @@ class Worker:
         """Ask the loop to stop, from a signal handler: it takes no lock, so it cannot
         deadlock with the thread it interrupts; the loop sees it within half a second."""
         self._stop_requested = True
+
+    def sessions_under_way(self) -> int:
+        """Return how many items are being delivered now (for a monitor)."""
+        with self._changed:
+            return len(self._sessions)
 
     @property
     def stopping(self) -> bool:
@@ -269,6 +313,7 @@ class Worker:
             if listener.is_alive():
                 listener.join()
             self.transport.close()
+            self.tls_reports.flush()
         return self.stats
 
     # -- the loop ---------------------------------------------------------------------
@@ -276,8 +321,14 @@ class Worker:
     def _loop(self, pool: ThreadPool) -> None:
         while not self.stopping:
             close_broken_connections()
+            self.tls_reports.flush_if_due()
             claimed = self._claim()
             self._start_what_fits(pool)
+            if self._claim_until is not None and time.monotonic() >= self._claim_until:
+                # A bounded run: what was claimed and not started is given back, due at once.
+                logger.info("claim time over owner=%s", self.owner, extra={"action": "stop"})
+                self.stop()
+                return
             if claimed and not self._drained:
                 continue
             with self._changed:
@@ -322,20 +373,34 @@ class Worker:
         until = now + self.settings.lease
         limit = self.settings.claim_batch_size
         try:
-            claimed = self.store.claim(owner=self.owner, now=now, lease_until=until, limit=limit)
+            claimed, drained = self._claim_batch(now, until, limit)
         except QueueError as error:
             self.stats.store_errors += 1
+            if self.meter is not None:
+                self.meter.store_failed()
             report_error(error, None)
             self._stopping.wait(min(self.settings.poll_seconds, 5))
             return []
+        if self.meter is not None:
+            self.meter.claimed(len(claimed))
         prefetched = self._prefetch(claimed)
         with self._changed:
-            self._drained = len(claimed) < limit
+            self._drained = drained
             self._waiting.extend((item, self._limit_keys(item)) for item in claimed)
             self._prefetched.update(prefetched)
             for item in claimed:
                 self._lease_until[item.id] = until
         return claimed
+
+    def _claim_batch(self, now: datetime, until: datetime, limit: int) -> tuple[list[QueueItem], bool]:
+        """Claim up to ``limit`` items; return them and whether nothing more is to claim."""
+        if self._ids_to_claim is None:
+            claimed = self.store.claim(owner=self.owner, now=now, lease_until=until, limit=limit)
+            return claimed, len(claimed) < limit
+        batch = self._ids_to_claim[:limit]
+        claimed = self.store.claim_items(batch, owner=self.owner, now=now, lease_until=until) if batch else []
+        del self._ids_to_claim[: len(batch)]  # after the claim: a store error leaves them to try again
+        return claimed, not self._ids_to_claim
 
     def _prefetch(self, claimed: list[QueueItem]) -> dict[str, bytes]:
         # One query for a claim's messages, instead of one per session in the threads
@@ -382,7 +447,9 @@ class Worker:
     def _session_ended(self, item: QueueItem, keys: set[str], pool: ThreadPool, *, to_record: bool) -> None:
         # The session's slots are free for the next item; the lease stays until recorded.
         with self._changed:
-            self._sessions.pop(item.id, None)
+            session = self._sessions.pop(item.id, None)
+            if self.meter is not None and session is not None:
+                self.meter.session_ended(time.monotonic() - session.started)
             self._busy.subtract(keys)
             self._busy += Counter()  # drop the keys that reached zero
             if to_record:
@@ -651,9 +718,16 @@ class Worker:
             if found.failure is not None:
                 return Delivery(outcomes=dict.fromkeys(envelope.recipients, found.failure), remote_host=None)
             hosts = found.hosts
+        policy = self.mta_sts.policy_for(destination.domain) if destination.domain and self.mta_sts else None
+        if policy is not None:
+            route, allowed = policy.route(route), policy.hosts(hosts)
+            if not allowed:  # enforce, and no MX host matches: 4.7.5, no session
+                self._count_tls(policy, (), excluded=hosts)
+                return Delivery(outcomes=dict.fromkeys(envelope.recipients, policy.refusal(hosts)), remote_host=None)
+            hosts = allowed
         shape = None if self.shaper is None else self.shaper.shape(destination, hosts)
         if shape is None:
-            return self._send(envelope, route, hosts)
+            return self._send(envelope, route, hosts, policy)
         assert self.shaper is not None
         entry = self.shaper.enter(shape)
         if isinstance(entry, Held):
@@ -661,12 +735,20 @@ class Worker:
         delivery = None
         try:
             # A counted session keeps no idle connection: it ends with its slot.
-            delivery = self._send(envelope, route, hosts, reuse=not shape.limits.uses_slots)
+            delivery = self._send(envelope, route, hosts, policy, reuse=not shape.limits.uses_slots)
             return delivery
         finally:
             self.shaper.leave(entry, delivery)
 
-    def _send(self, envelope: Envelope, route: Route, hosts: Sequence[Host], *, reuse: bool = True) -> Delivery:
+    def _send(
+        self,
+        envelope: Envelope,
+        route: Route,
+        hosts: Sequence[Host],
+        policy: AppliedPolicy | None,
+        *,
+        reuse: bool = True,
+    ) -> Delivery:
         if reuse:
             delivery = self.transport.deliver(envelope, route=route, hosts=hosts)
         else:
@@ -674,7 +756,16 @@ class Worker:
         if delivery.option_error is not None:
             # The route's options were refused (4.3.5): the configuration is to fix.
             report_error(delivery.option_error, envelope.item_id)
+        if policy is not None:
+            self._count_tls(policy, delivery.tls_sessions)
         return delivery
+
+    def _count_tls(
+        self, policy: AppliedPolicy, sessions: Sequence[TLSSession], *, excluded: Sequence[Host] = ()
+    ) -> None:
+        """Count the sessions of a delivery under ``policy`` for the day's TLS report (RFC 8460)."""
+        day = self.clock().astimezone(UTC).date()
+        self.tls_reports.add(policy.counts(day, sessions, excluded=excluded))
 
     def _attempt_from(
         self,

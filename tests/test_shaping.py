@@ -33,7 +33,8 @@ from bumail_queue.stores.memory import MemoryStore
 from tests.helpers import ScriptedTransport
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
-MX = {"HOSTNAME": "mta.example.com", "RETRY_JITTER": 0}
+# MTA_STS off: these tests resolve MX hosts themselves, and no TXT lookup may leave loopback.
+MX = {"HOSTNAME": "mta.example.com", "RETRY_JITTER": 0, "MTA_STS": False}
 
 
 # -- rates --------------------------------------------------------------------------------

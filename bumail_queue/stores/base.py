@@ -18,6 +18,14 @@ Every store runs the same contract suite (``bumail_queue.testing.StoreContract``
   holding one is an id no item has.
 - ``retry_deferred`` and ``retry_items`` leave an item a lease holds alone, count no
   attempt, and never make an item due later than it was.
+- ``claim_items`` (where ``claims_by_id``) is ``claim`` restricted to the items named:
+  as atomic, and it takes only those due and free, so two claimers of one id never
+  both get it.
+- ``gauges`` is exact on a queue of up to ``gauge_sample_rows`` items; beyond, a store
+  may estimate from a sample, and says so (``exact`` false).
+- MTA-STS policies are kept one per domain, the last put replacing the one before,
+  expired or not (the caller compares ``expires_at`` with its own time); TLS session
+  counts of one kind add up, in one step per call, and a day's are read back whole.
 - A store that ``supports_shaping`` decides each ``take_permit`` in one step across
   every process: no more slots are granted than the limit, no more tokens than the
   rate refills, nothing while suspended; a slot whose lease ended is free again.
@@ -28,7 +36,7 @@ from __future__ import annotations
 import abc
 import builtins
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any, ClassVar
 
 from django.core.checks import CheckMessage
@@ -37,8 +45,18 @@ from bumail_queue.addresses import domain_of, u_labels
 from bumail_queue.conf import QueueSettings, normalise_domain
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, RecipientStatus
-from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueSummary, RetryResult, summarize
+from bumail_queue.queries import (
+    AGE_BUCKETS,
+    ItemCount,
+    ItemQuery,
+    QueueGauges,
+    QueueSummary,
+    RetryResult,
+    gauges_of,
+    summarize,
+)
 from bumail_queue.shaping import DestinationState, Permit, PermitRequest, WindowChange
+from bumail_queue.sts import STSPolicy, TLSSessionCount
 from bumail_queue.text import is_keepable, require_keepable
 
 #: How many bytes of each message ``read_message_heads`` returns unless told.
@@ -72,6 +90,14 @@ class QueueStore(abc.ABC):
     counts_are_estimates: ClassVar[bool] = False
     """Whether ``estimated_count`` may answer with an estimate (``exact=False``) rather
     than a count: the ORM store on a large PostgreSQL table does; Redis counts exactly."""
+
+    claims_by_id: ClassVar[bool] = False
+    """Whether ``claim_items`` is implemented (every built-in store's is). Without it, a
+    delivery task given item ids runs a bounded pass over everything due instead."""
+    gauge_sample_rows: int = 10_000
+    """Up to about this many items ``gauges`` reads them all; a store that samples a
+    larger queue (the ORM store on PostgreSQL, Redis) reads about this many, so a
+    scrape costs the same whatever the queue's size."""
 
     supports_shaping: ClassVar[bool] = False
     """Whether the store keeps the buckets of ``SHAPING`` (``take_permit`` and the rest),
@@ -125,6 +151,19 @@ class QueueStore(abc.ABC):
         The earliest due come first, then the oldest; an item is due when its
         ``next_attempt_at`` has passed and no unexpired lease holds it.
         """
+
+    def claim_items(
+        self, item_ids: Sequence[str], *, owner: str, now: datetime, lease_until: datetime
+    ) -> builtins.list[QueueItem]:
+        """Lease to ``owner`` until ``lease_until`` those of ``item_ids`` due at ``now``, as
+        ``claim`` does; return them, oldest first.
+
+        An id of no item, of an item not due yet, or of one an unexpired lease holds is
+        passed over: of two claimers naming the same item, one gets it. For the delivery
+        tasks, whose arguments are the ids of the mail they were sent for. A store
+        that implements it sets ``claims_by_id``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not claim items by id (claims_by_id is False).")
 
     @abc.abstractmethod
     def renew(self, item_id: str, *, owner: str, lease_until: datetime) -> bool:
@@ -204,6 +243,15 @@ class QueueStore(abc.ABC):
         """Return the counts by state, the oldest item and the queue's shape at ``now``."""
         return summarize(self._scan(), now=now, age_buckets=age_buckets)
 
+    def gauges(self, *, now: datetime) -> QueueGauges:
+        """Return what a monitor reads of the queue at ``now`` (``bumail_queue.metrics``).
+
+        Read at every scrape, so it must stay cheap on a large queue: a store may
+        answer from a sample beyond ``gauge_sample_rows`` items (``exact`` false). The
+        default reads the whole queue through ``list`` and is exact.
+        """
+        return gauges_of(self._scan(), now=now)
+
     def estimated_count(self) -> ItemCount:
         """Return how many items the queue holds, an estimate where counting is costly.
 
@@ -250,6 +298,32 @@ class QueueStore(abc.ABC):
             else:
                 missing.append(item_id)
         return RetryResult(due=due, leased=tuple(leased), missing=tuple(missing))
+
+    # -- MTA-STS policies and TLS report counts (docs/mta-sts.md) ---------------------------
+
+    @abc.abstractmethod
+    def get_sts_policy(self, domain: str) -> STSPolicy | None:
+        """Return the MTA-STS policy kept for ``domain``, expired or not, or ``None``."""
+
+    @abc.abstractmethod
+    def put_sts_policy(self, policy: STSPolicy) -> None:
+        """Keep ``policy`` for its domain, in place of the one kept before."""
+
+    @abc.abstractmethod
+    def count_tls_sessions(self, counts: Sequence[TLSSessionCount]) -> None:
+        """Add ``counts`` to those kept, all in one step.
+
+        Counts of one kind (``TLSSessionCount.kind``) add up; the policy and the reason
+        kept for a kind are those of its first count.
+        """
+
+    @abc.abstractmethod
+    def tls_session_counts(self, day: date) -> builtins.list[TLSSessionCount]:
+        """Return the counts of ``day``, one per kind, in no particular order."""
+
+    @abc.abstractmethod
+    def purge_tls_session_counts(self, *, before: date) -> int:
+        """Delete the counts of every day before ``before``; return how many kinds went."""
 
     def _scan(self, chunk: int = 1000) -> Iterator[QueueItem]:
         offset = 0
@@ -344,6 +418,19 @@ class QueueStore(abc.ABC):
             require_keepable(address, "recipient")
             require_keepable(outcome.reply.text, "reply text")
             require_keepable(outcome.reply.status, "reply status")
+
+    @staticmethod
+    def validate_sts_policy(policy: STSPolicy) -> None:
+        """Refuse a policy holding text no store can keep (``INVALID``)."""
+        for text in (policy.domain, policy.id, *policy.mx):
+            require_keepable(text, "MTA-STS policy")
+
+    @staticmethod
+    def validate_tls_counts(counts: Sequence[TLSSessionCount]) -> None:
+        """Refuse counts holding text no store can keep (``INVALID``)."""
+        for count in counts:
+            for text in (count.domain, count.policy_id, *count.policy, count.mx_host, count.address, count.reason):
+                require_keepable(text, "TLS report count")
 
     @staticmethod
     def lease_lost(item_id: str, owner: str) -> QueueError:

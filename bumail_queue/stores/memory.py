@@ -7,13 +7,15 @@ import dataclasses
 import itertools
 import threading
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import date, datetime
+from typing import Any
 
 from bumail_queue.conf import QueueSettings
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, QueueItem
-from bumail_queue.queries import SEARCH_HEAD_BYTES, ItemQuery, headers_contain
+from bumail_queue.queries import SEARCH_HEAD_BYTES, ItemQuery, QueueGauges, gauges_of, headers_contain
 from bumail_queue.shaping import Bucket, DestinationState, Permit, PermitRequest, WindowChange, seconds
+from bumail_queue.sts import STSPolicy, TLSSessionCount
 
 from .base import MESSAGE_HEAD_BYTES, QueueStore
 
@@ -29,6 +31,7 @@ class MemoryStore(QueueStore):
     """Keeps the queue in a dict behind one lock; ``QueueItem`` is frozen, so nothing leaks."""
 
     durable = False
+    claims_by_id = True
     supports_shaping = True
 
     def __init__(self, settings: QueueSettings) -> None:
@@ -38,6 +41,8 @@ class MemoryStore(QueueStore):
         self._entries: dict[str, _Entry] = {}
         self._id_by_key: dict[str, str] = {}
         self._seq = itertools.count(1)
+        self._sts_policies: dict[str, STSPolicy] = {}
+        self._tls_counts: dict[tuple[Any, ...], TLSSessionCount] = {}
 
     @staticmethod
     def _copy(item: QueueItem) -> QueueItem:
@@ -89,6 +94,11 @@ class MemoryStore(QueueStore):
         with self._lock:
             return len(self._entries)
 
+    def gauges(self, *, now: datetime) -> QueueGauges:
+        """Every item counted, under the lock: one pass, no copy, no sort."""
+        with self._lock:
+            return gauges_of((e.item for e in self._entries.values()), now=now)
+
     def search(self, query: ItemQuery, *, offset: int = 0, limit: int = 100) -> builtins.list[QueueItem]:
         """Match as ``ItemQuery`` says, and ``text`` in the message's header block too."""
         with self._lock:
@@ -137,6 +147,22 @@ class MemoryStore(QueueStore):
                     entry.item, lease_owner=owner, lease_expires_at=lease_until, next_attempt_at=lease_until
                 )
                 claimed.append(self._copy(entry.item))
+            return claimed
+
+    def claim_items(
+        self, item_ids: Sequence[str], *, owner: str, now: datetime, lease_until: datetime
+    ) -> builtins.list[QueueItem]:
+        self.validate_owner(owner)
+        with self._lock:
+            named = [entry for item_id in set(item_ids) if (entry := self._entries.get(item_id)) is not None]
+            claimed: builtins.list[QueueItem] = []
+            for entry in sorted(named, key=lambda e: e.seq):
+                item = entry.item
+                if item.next_attempt_at <= now and not item.is_leased_at(now):
+                    entry.item = dataclasses.replace(
+                        item, lease_owner=owner, lease_expires_at=lease_until, next_attempt_at=lease_until
+                    )
+                    claimed.append(self._copy(entry.item))
             return claimed
 
     def _held(self, item_id: str, owner: str) -> _Entry | None:
@@ -195,6 +221,35 @@ class MemoryStore(QueueStore):
         with self._lock:
             entry = self._drop(item_id) if self.is_known_id(item_id) else None
             return None if entry is None else self._copy(entry.item)
+
+    def get_sts_policy(self, domain: str) -> STSPolicy | None:
+        with self._lock:
+            return self._sts_policies.get(domain)
+
+    def put_sts_policy(self, policy: STSPolicy) -> None:
+        self.validate_sts_policy(policy)
+        with self._lock:
+            self._sts_policies[policy.domain] = policy
+
+    def count_tls_sessions(self, counts: Sequence[TLSSessionCount]) -> None:
+        self.validate_tls_counts(counts)
+        with self._lock:
+            for count in counts:
+                known = self._tls_counts.get(count.kind)
+                self._tls_counts[count.kind] = (
+                    count if known is None else dataclasses.replace(known, count=known.count + count.count)
+                )
+
+    def tls_session_counts(self, day: date) -> builtins.list[TLSSessionCount]:
+        with self._lock:
+            return [count for count in self._tls_counts.values() if count.day == day]
+
+    def purge_tls_session_counts(self, *, before: date) -> int:
+        with self._lock:
+            old = [kind for kind, count in self._tls_counts.items() if count.day < before]
+            for kind in old:
+                del self._tls_counts[kind]
+            return len(old)
 
     # -- shaping: the buckets' arithmetic as ``shaping.Bucket`` does it, under the lock --
 

@@ -13,7 +13,8 @@ Fixtures (import them into a test module, or name this module in ``pytest_plugin
     ``mx.test``, ``server_context`` to give a server (``tls=``) and
     ``client_context``, which trusts the CA, to give a client.
 
-:class:`SMTPTestServer` listens on ``host`` (127.0.0.1), ``port`` (an ephemeral one
+:class:`SMTPTestServer` listens on ``host`` (127.0.0.1, or another loopback address
+given, so that several MX hosts share ``MX_PORT``), ``port`` (an ephemeral one
 unless given: ``smtp_servers(port=closed_port())`` brings up a host that refused a
 client a moment ago) and records:
 
@@ -168,7 +169,7 @@ class SMTPTestServer:
     dsn: bool = False
     port: int = 0  # 0: an ephemeral port, set once listening
 
-    host: str = dataclasses.field(default="127.0.0.1", init=False)
+    host: str = "127.0.0.1"  # another loopback address (127.0.0.2) shares MX_PORT with the first
     messages: list[ReceivedMessage] = dataclasses.field(default_factory=list, init=False)
     commands: list[Command] = dataclasses.field(default_factory=list, init=False)
     logins: list[str] = dataclasses.field(default_factory=list, init=False)

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any, cast
 
 from bumail_queue.items import QueueItem, Recipient
@@ -60,6 +60,24 @@ class RedisKeys:
     def wake(self) -> str:
         """The Pub/Sub channel that adds, retries and give-backs announce work on."""
         return f"{self.prefix}wake"
+
+    @property
+    def sts_policies(self) -> str:
+        """A hash of recipient domain to its MTA-STS policy, as JSON."""
+        return f"{self.prefix}mta-sts"
+
+    @property
+    def tls_days(self) -> str:
+        """The days that have TLS report counts, scored by their ordinal."""
+        return f"{self.prefix}tlsrpt:days"
+
+    def tls_counts(self, day: date) -> str:
+        """A hash of each kind of TLS session of ``day`` to its count."""
+        return f"{self.prefix}tlsrpt:{day.isoformat()}"
+
+    def tls_about(self, day: date) -> str:
+        """A hash of each kind of TLS session of ``day`` to its policy and first reason, as JSON."""
+        return f"{self.prefix}tlsrpt:{day.isoformat()}:about"
 
     @property
     def shaping(self) -> str:

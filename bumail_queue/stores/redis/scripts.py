@@ -56,6 +56,7 @@ class Script:
 SCHEMA = Script.load("schema")
 ADD = Script.load("add")
 CLAIM = Script.load("claim")
+CLAIM_ITEMS = Script.load("claim_items")
 RENEW = Script.load("renew")
 COMPLETE = Script.load("complete")
 RESCHEDULE = Script.load("reschedule")

@@ -19,10 +19,11 @@ the key layout and value codec are ``layout``'s, the wake-up ``listener``'s.
 from __future__ import annotations
 
 import builtins
+import json
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, cast
 
 from django.conf import settings as django_settings
@@ -56,7 +57,7 @@ from bumail_queue.errors import (
     first_line,
 )
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
-from bumail_queue.queries import RetryResult
+from bumail_queue.queries import GaugeTally, ItemState, QueueGauges, RetryResult, scaled
 from bumail_queue.shaping import (
     SLOW_START_RESET_SECONDS,
     Bucket,
@@ -68,11 +69,15 @@ from bumail_queue.shaping import (
     seconds,
 )
 from bumail_queue.stores.base import COMPLETE_TRIES, MESSAGE_HEAD_BYTES, QueueStore, WorkListener
+from bumail_queue.sts import STSPolicy, TLSSessionCount
 
-from . import scripts
+from . import scripts, sts
 from .layout import (
+    EPOCH,
+    MICROSECOND,
     RedisKeys,
     copy_item,
+    from_micros,
     hash_fields,
     item_from_fields,
     micros,
@@ -90,6 +95,9 @@ EVICTING_POLICIES = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random"})
 # How many items a script of a retry reads: Redis runs nothing else meanwhile, so a
 # long queue is retried a page at a time, each about a millisecond.
 RETRY_PAGE = 1000
+
+# The fields of an item ``gauges`` reads.
+_GAUGED_FIELDS = ("created", "next", "attempts", "owner", "expires", "recipients")
 
 # How long a shaping bucket outlives the last thing it holds (a slot's lease, a
 # suspension, held items): an hour, by then its tokens are full and its window reset.
@@ -109,6 +117,7 @@ class RedisStore(QueueStore):
     """
 
     supports_transactional_enqueue = False
+    claims_by_id = True
     supports_shaping = True
 
     def __init__(self, settings: QueueSettings) -> None:
@@ -356,6 +365,19 @@ class RedisStore(QueueStore):
         ]
         return [item_from_fields(pairs(fields)) for fields in self._run(scripts.CLAIM, "claim items", keys, args)]
 
+    def claim_items(
+        self, item_ids: Sequence[str], *, owner: str, now: datetime, lease_until: datetime
+    ) -> builtins.list[QueueItem]:
+        """One script for all of them."""
+        self.validate_owner(owner)
+        owns = list(dict.fromkeys(own for item_id in item_ids if (own := own_id(item_id)) is not None))
+        if not owns:
+            return []
+        keys = [self.keys.ready, self.keys.leases, self.keys.items]
+        args = [self.keys.prefix, owner, micros(now), micros(lease_until), *owns]
+        claimed = self._run(scripts.CLAIM_ITEMS, "claim items", keys, args)
+        return [item_from_fields(pairs(fields)) for fields in claimed]
+
     def renew(self, item_id: str, *, owner: str, lease_until: datetime) -> bool:
         self.validate_owner(owner)
         own = own_id(item_id)
@@ -528,6 +550,79 @@ class RedisStore(QueueStore):
             ),
         )
 
+    # -- reading for monitors: the metrics ----------------------------------------------
+
+    gauge_sample_rows = 2000
+    """A sample of items drawn one by one (``ZRANDMEMBER``) is as good as a far larger
+    one of whole pages, and each sampled item is a hash to read."""
+
+    def gauges(self, *, now: datetime) -> QueueGauges:
+        """Two round trips. The first counts what the sorted sets order: every item, the
+        leased ones, the due ones and the first due, exact at any size, and draws up to
+        ``gauge_sample_rows`` items at random (all of them in a smaller queue). The
+        second reads the drawn items' fields, for their states, recipients and ages:
+        beyond that many items, the split of the unleased items into queued and
+        deferred, the recipients and the oldest times are estimates from the draw."""
+        client = self._redis()
+        at = micros(now)
+        with self._translated_errors("read the queue's gauges"):
+            pipe = client.pipeline(transaction=False)
+            pipe.zcard(self.keys.items)
+            pipe.zcount(self.keys.leases, f"({at}", "+inf")
+            pipe.zcount(self.keys.ready, "-inf", at)
+            pipe.zcount(self.keys.leases, "-inf", at)  # expired: due again
+            pipe.zrangebyscore(self.keys.ready, "-inf", at, start=0, num=1, withscores=True)
+            pipe.zrangebyscore(self.keys.leases, "-inf", at, start=0, num=1, withscores=True)
+            pipe.zrandmember(self.keys.items, self.gauge_sample_rows)
+            total, leased, due_ready, expired, first_ready, first_expired, drawn = pipe.execute()
+            pipe = client.pipeline(transaction=False)
+            for member in drawn or ():
+                pipe.hmget(self.keys.item(member[17:].decode()), _GAUGED_FIELDS)
+            rows = pipe.execute() if drawn else []
+        tally = GaugeTally(now)
+        for fields in rows:
+            if fields[0] is not None:  # gone since it was drawn
+                self._tally(tally, fields, now)
+        if int(total) <= self.gauge_sample_rows:
+            return tally.gauges()
+        sample = tally.gauges()
+        # The counts the sorted sets give stand; the draw splits the unleased items
+        # into queued and deferred, and gives the recipients per item.
+        unleased, unleased_drawn = (
+            int(total) - int(leased),
+            sample.items[ItemState.QUEUED] + sample.items[ItemState.DEFERRED],
+        )
+        deferred = round(unleased * sample.items[ItemState.DEFERRED] / unleased_drawn) if unleased_drawn else 0
+        drawn_items = unleased_drawn + sample.items[ItemState.DELIVERING]
+        scale = int(total) / drawn_items if drawn_items else 0.0
+        firsts = [int(score) for _, score in (*first_ready, *first_expired)]
+        return QueueGauges(
+            now=now,
+            items={
+                ItemState.QUEUED: unleased - deferred,
+                ItemState.DEFERRED: deferred,
+                ItemState.DELIVERING: int(leased),
+            },
+            recipients={status: scaled(n, scale) for status, n in sample.recipients.items()},
+            oldest=sample.oldest,
+            due=int(due_ready) + int(expired),
+            first_due_at=EPOCH + min(firsts) * MICROSECOND if firsts else None,
+            exact=False,
+        )
+
+    @staticmethod
+    def _tally(tally: GaugeTally, fields: Sequence[bytes | None], now: datetime) -> None:
+        created, next_at, attempts, owner, expires, recipients = fields
+        assert created is not None and next_at is not None and attempts is not None and recipients is not None
+        leased = owner is not None and expires is not None and from_micros(expires) > now
+        state = ItemState.DELIVERING if leased else ItemState.DEFERRED if int(attempts) > 0 else ItemState.QUEUED
+        tally.count(
+            state=state,
+            created_at=from_micros(created),
+            next_attempt_at=from_micros(next_at),
+            statuses=(entry["status"] for entry in json.loads(recipients)),
+        )
+
     @property
     def _retry_keys(self) -> builtins.list[str]:
         return [self.keys.items, self.keys.ready]
@@ -549,6 +644,38 @@ class RedisStore(QueueStore):
         keys = [self.keys.items, self.keys.ready, self.keys.leases, self.keys.keys]
         fields = self._run(scripts.CANCEL, "cancel the item", keys, [self.keys.prefix, own])
         return None if fields is None else item_from_fields(pairs(fields))
+
+    # -- MTA-STS policies and TLS report counts: sts.py --------------------------------
+
+    def get_sts_policy(self, domain: str) -> STSPolicy | None:
+        client = self._redis()
+        with self._translated_errors("read the MTA-STS policy"):
+            raw = client.hget(self.keys.sts_policies, domain)
+        return None if raw is None else sts.policy_from_json(domain, cast("bytes", raw))
+
+    def put_sts_policy(self, policy: STSPolicy) -> None:
+        self.validate_sts_policy(policy)
+        client = self._redis()
+        with self._translated_errors("keep the MTA-STS policy"):
+            client.hset(self.keys.sts_policies, policy.domain, sts.policy_json(policy))
+
+    def count_tls_sessions(self, counts: Sequence[TLSSessionCount]) -> None:
+        self.validate_tls_counts(counts)
+        if not counts:
+            return
+        client = self._redis()
+        with self._translated_errors("count the TLS sessions"):
+            sts.add_counts(client, self.keys, counts)
+
+    def tls_session_counts(self, day: date) -> builtins.list[TLSSessionCount]:
+        client = self._redis()
+        with self._translated_errors("read the TLS report counts"):
+            return sts.read_counts(client, self.keys, day)
+
+    def purge_tls_session_counts(self, *, before: date) -> int:
+        client = self._redis()
+        with self._translated_errors("purge the TLS report counts"):
+            return sts.purge_counts(client, self.keys, before)
 
     # -- shaping: a hash and a sorted set of slots per destination, one script a step ---
 

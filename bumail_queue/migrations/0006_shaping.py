@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("bumail_queue", "0004_delivery_log_entries"),
+        ("bumail_queue", "0005_mta_sts"),
     ]
 
     operations = [
