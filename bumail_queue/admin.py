@@ -436,6 +436,8 @@ class ItemAdmin(_ItemAdminBase):
         self._require(self.has_view_permission, request)
         summary = queue.summary()
         context = self._context(request, _("Mail queue overview"), **overview_context(summary, self._url("changelist")))
+        if get_settings().shaping:
+            context["destinations"] = [(state, state.is_throttled(summary.now)) for state in queue.destination_states()]
         if request.user.has_perm("bumail_queue.view_deliverylog") and get_settings().delivery_log:
             since = summary.now - timedelta(hours=24)
             counted = (

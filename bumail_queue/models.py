@@ -251,3 +251,33 @@ class Suppression(models.Model):
 
     def __str__(self) -> str:
         return self.address
+
+
+class ShapingBucket(models.Model):
+    """One destination's shaping state (``SHAPING``), shared by every worker.
+
+    Times are seconds since the epoch, as the store's one-statement arithmetic wants
+    them; ``slots`` maps each slot held to its lease's end. Read it through
+    ``QueueStore.destination_states()``: the store's statements are its only writers.
+    """
+
+    key = models.CharField(_("destination"), max_length=255, primary_key=True)
+    tokens = models.FloatField(_("tokens"), null=True)  # NULL: full (or no RATE)
+    tokens_at = models.FloatField(default=0)
+    window_size = models.FloatField(_("slow-start window"), null=True)
+    slots = models.JSONField(_("slots"), default=dict)
+    suspended_until = models.FloatField(default=0)
+    active_at = models.FloatField(default=0)
+    held = models.PositiveIntegerField(_("held back"), default=0)
+    held_until = models.FloatField(default=0)
+    # The last request granted: a statement that decides in one step returns it, so the
+    # caller knows whether its own request was the one.
+    granted = models.CharField(max_length=32, default="", editable=False)
+
+    class Meta:
+        db_table = "bumail_queue_shaping"
+        verbose_name = _("shaped destination")
+        verbose_name_plural = _("shaped destinations")
+
+    def __str__(self) -> str:
+        return self.key

@@ -96,6 +96,8 @@ class Attempt:
     expired: dict[str, Reply] = dataclasses.field(default_factory=dict)
     suppressed: frozenset[str] = frozenset()
     delay_due: bool = False
+    #: Shaping held every recipient back: no attempt, no signal, due when there is room.
+    held: bool = False
 
     @property
     def lost_message(self) -> bool:
@@ -139,6 +141,8 @@ class Stats:
     delivered: int = 0
     deferred: int = 0
     failed: int = 0
+    #: Items held back by ``SHAPING``: given back to the queue, no attempt counted.
+    held: int = 0
     #: Claims the store refused, and batches whose outcomes it could not record.
     store_errors: int = 0
 
@@ -388,6 +392,10 @@ class Recorder:
 
     def _tell_outcomes(self, attempt: Attempt, recorded: QueueItem | None) -> None:
         item = attempt.item
+        if attempt.held:
+            with self._counting:
+                self.stats.held += 1
+            return
         with self._counting:
             self.stats.items += 1
             for outcome in attempt.result.outcomes.values():

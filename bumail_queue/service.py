@@ -20,6 +20,7 @@ from .conf import QueueSettings, get_settings, normalise_domain
 from .errors import ErrorCode, QueueError, first_line
 from .items import NewItem, QueueItem, Reply
 from .queries import AGE_BUCKETS, ItemQuery, ItemState, QueueSummary, RetryResult
+from .shaping import DestinationState
 from .stores import QueueStore, get_store
 from .suppression import Suppression, SuppressionChange, SuppressionReason
 from .text import require_keepable
@@ -278,6 +279,13 @@ class QueueService:
     def summary(self, *, age_buckets: Sequence[timedelta] = AGE_BUCKETS) -> QueueSummary:
         """Return the counts by state, the oldest item and the queue's shape, now."""
         return self.store.summary(now=self.clock(), age_buckets=age_buckets)
+
+    def destination_states(self) -> builtins.list[DestinationState]:
+        """Return the shaped destinations the store keeps a bucket for (``SHAPING``), now;
+        empty without ``SHAPING``, which then costs no store call."""
+        if not self.settings.shaping:
+            return []
+        return self.store.destination_states(now=self.clock())
 
     def read_message(self, id: str) -> bytes | None:
         """Return an item's message as queued, or ``None``."""

@@ -49,14 +49,15 @@ from datetime import UTC, datetime
 from django.db import connections
 from django.utils import timezone
 
-from bumail_queue.conf import QueueSettings, get_settings
+from bumail_queue.conf import QueueSettings, Route, get_settings
 from bumail_queue.delivery.dkim import Signatures
+from bumail_queue.delivery.dsn import header_block
 from bumail_queue.delivery.envelope import Delivery, Envelope, Host, Resolver, TLSSession, Transport
 from bumail_queue.delivery.mta_sts import AppliedPolicy, STSPolicies
 from bumail_queue.delivery.routes import Destination, group_by_destination
 from bumail_queue.delivery.tlsrpt import TLSReportCounter
 from bumail_queue.errors import QueueError
-from bumail_queue.items import Outcome, QueueItem, RecipientStatus, Reply
+from bumail_queue.items import AttemptResult, Outcome, QueueItem, RecipientStatus, Reply
 from bumail_queue.outcomes import (
     Attempt,
     Enqueue,
@@ -68,6 +69,7 @@ from bumail_queue.outcomes import (
     report_error,
     store_enqueue,
 )
+from bumail_queue.shaper import Held, Shaper
 from bumail_queue.stores import QueueStore, get_store
 from bumail_queue.stores.base import WorkListener
 from bumail_queue.suppression import Suppression, suppressed_reply
@@ -201,6 +203,11 @@ class Worker:
         # Set while no session is under way: the recorder stops waiting for more.
         self._sessions_idle = threading.Event()
         self._sessions_idle.set()
+        # SHAPING's side: None without it, so an unshaped worker never asks the store.
+        self.shaper = Shaper.of(settings=self.settings, store=self.store, owner=self.owner, clock=clock)
+        # The earliest time an item this worker held back for shaping falls due again:
+        # the loop wakes for it rather than waiting for its poll.
+        self._held_due: datetime | None = None
         # The ids still to claim, when this worker was given ids rather than the queue.
         self._ids_to_claim = None if item_ids is None else list(dict.fromkeys(item_ids))
         self._claim_until = None if claim_seconds is None else time.monotonic() + claim_seconds
@@ -334,6 +341,8 @@ class Worker:
                     return
             self._idle(self._idle_seconds())
             self.transport.close_idle()
+            if self.shaper is not None:
+                self.shaper.forget_idle()
 
     def _idle(self, seconds: float) -> None:
         """Wait until woken, or ``seconds`` pass, or a stop is requested."""
@@ -520,10 +529,15 @@ class Worker:
         return min(turns, default=None)
 
     def _idle_seconds(self) -> float:
-        """How long the loop may sleep: ``POLL_SECONDS``, or less when a slot frees sooner."""
+        """How long the loop may sleep: ``POLL_SECONDS``, or less when a slot frees
+        sooner or an item held back for shaping falls due."""
         with self._changed:
             turn = self._seconds_until_a_session_turns_slow()
-        return self.settings.poll_seconds if turn is None else max(0.0, min(self.settings.poll_seconds, turn))
+            held_due, self._held_due = self._held_due, None
+        seconds = self.settings.poll_seconds if turn is None else max(0.0, min(self.settings.poll_seconds, turn))
+        if held_due is not None:
+            seconds = max(0.0, min(seconds, (held_due - self.clock()).total_seconds()))
+        return seconds
 
     def _wake_loop_if_needed(self) -> None:
         """Wake the loop when it has something to do (call with ``_changed`` held): claim
@@ -580,6 +594,8 @@ class Worker:
                     with self._changed:
                         if renewed and item_id in self._lease_until:
                             self._lease_until[item_id] = until
+                if self.shaper is not None:
+                    self.shaper.renew(until)  # the slots of sessions under way, leased as items are
         finally:
             connections.close_all()
 
@@ -682,22 +698,64 @@ class Worker:
         }
         remote_hosts: dict[str, str | None] = dict.fromkeys(suppressed)
         tls: dict[str, bool] = {}
+        held: list[Held] = []
         pending = [r.address for r in item.pending_recipients if r.address not in suppressed]
         for destination, addresses in group_by_destination(pending, self.settings).items():
             delivery = self._deliver_to(
                 destination, Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message)
             )
+            if isinstance(delivery, Held):
+                held.append(delivery)  # its recipients keep their state, not attempted
+                continue
             for address in addresses:
                 outcomes[address] = delivery.outcomes[address]
                 remote_hosts[address] = delivery.remote_host
                 tls[address] = delivery.tls
+        if held:
+            return self._held_attempt(
+                item, outcomes, remote_hosts, held, message=message, tls=tls, suppressed=frozenset(suppressed)
+            )
         # The message is handed on: the DSNs return its header block, and recording
         # the last pending recipient drops it from the store.
         return self._attempt_from(
             item, outcomes, remote_hosts, message=message, tls=tls, suppressed=frozenset(suppressed)
         )
 
-    def _deliver_to(self, destination: Destination, envelope: Envelope) -> Delivery:
+    def _held_attempt(
+        self,
+        item: QueueItem,
+        outcomes: dict[str, Outcome],
+        remote_hosts: dict[str, str | None],
+        held: list[Held],
+        *,
+        message: bytes,
+        tls: dict[str, bool],
+        suppressed: frozenset[str],
+    ) -> Attempt:
+        """An attempt some of whose destinations shaping held back: the item is due again
+        when the first of them has room (or sooner, for its retry); held alone, it goes
+        back with no attempt counted and no signal."""
+        until = min(h.until for h in held)
+        with self._changed:
+            self._held_due = until if self._held_due is None else min(self._held_due, until)
+        for h in held:
+            logger.debug(
+                "held item=%s destination=%s reason=%s until=%s",
+                item.id, h.key, h.reason, until.isoformat(),
+                extra={"action": "held", "item_id": item.id},
+            )  # fmt: skip
+        if not outcomes:
+            result = AttemptResult(outcomes={}, next_attempt_at=until, count_attempt=False)
+            return Attempt(item=item, result=result, remote_hosts={}, headers=header_block(message), held=True)
+        attempt = self._attempt_from(item, outcomes, remote_hosts, message=message, tls=tls, suppressed=suppressed)
+        # Due when the held destination has room, or sooner when a recipient deferred
+        # elsewhere is due again first.
+        deferred = any(o.status == RecipientStatus.DEFERRED for o in attempt.result.outcomes.values())
+        next_at = min(attempt.result.next_attempt_at, until) if deferred else until
+        attempt.result = dataclasses.replace(attempt.result, next_attempt_at=next_at)
+        return attempt
+
+    def _deliver_to(self, destination: Destination, envelope: Envelope) -> Delivery | Held:
         route = destination.route
         if route.type == "smarthost":
             assert route.host is not None and route.port is not None
@@ -715,7 +773,34 @@ class Worker:
                 self._count_tls(policy, (), excluded=hosts)
                 return Delivery(outcomes=dict.fromkeys(envelope.recipients, policy.refusal(hosts)), remote_host=None)
             hosts = allowed
-        delivery = self.transport.deliver(envelope, route=route, hosts=hosts)
+        shape = None if self.shaper is None else self.shaper.shape(destination, hosts)
+        if shape is None:
+            return self._send(envelope, route, hosts, policy)
+        assert self.shaper is not None
+        entry = self.shaper.enter(shape)
+        if isinstance(entry, Held):
+            return entry
+        delivery = None
+        try:
+            # A counted session keeps no idle connection: it ends with its slot.
+            delivery = self._send(envelope, route, hosts, policy, reuse=not shape.limits.uses_slots)
+            return delivery
+        finally:
+            self.shaper.leave(entry, delivery)
+
+    def _send(
+        self,
+        envelope: Envelope,
+        route: Route,
+        hosts: Sequence[Host],
+        policy: AppliedPolicy | None,
+        *,
+        reuse: bool = True,
+    ) -> Delivery:
+        if reuse:
+            delivery = self.transport.deliver(envelope, route=route, hosts=hosts)
+        else:
+            delivery = self.transport.deliver(envelope, route=route, hosts=hosts, reuse=False)
         if delivery.option_error is not None:
             # The route's options were refused (4.3.5): the configuration is to fix.
             report_error(delivery.option_error, envelope.item_id)

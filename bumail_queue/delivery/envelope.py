@@ -116,9 +116,14 @@ class Resolver(Protocol):
 
 
 class Transport(Protocol):
-    """Delivers one envelope to the first host of ``hosts`` that takes it."""
+    """Delivers one envelope to the first host of ``hosts`` that takes it.
 
-    def deliver(self, envelope: Envelope, *, route: Route, hosts: Sequence[Host]) -> Delivery: ...
+    ``reuse=False`` ends the session with its transaction instead of keeping the
+    connection for the next: the worker asks it for a destination whose sessions
+    ``SHAPING`` counts, so that no idle connection outlives its slot.
+    """
+
+    def deliver(self, envelope: Envelope, *, route: Route, hosts: Sequence[Host], reuse: bool = True) -> Delivery: ...
 
     def close_idle(self) -> None: ...
 

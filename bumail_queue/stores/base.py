@@ -31,6 +31,9 @@ Every store runs the same contract suite (``bumail_queue.testing.StoreContract``
   past it is never returned, whether or not it was purged yet. ``suppressions_of``
   answers a batch in one round trip; ``update_suppressions`` is one atomic step, so
   two workers noting an address's expiries at once suppress it once they are two.
+- A store that ``supports_shaping`` decides each ``take_permit`` in one step across
+  every process: no more slots are granted than the limit, no more tokens than the
+  rate refills, nothing while suspended; a slot whose lease ended is free again.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from bumail_queue.queries import (
     gauges_of,
     summarize,
 )
+from bumail_queue.shaping import DestinationState, Permit, PermitRequest, WindowChange
 from bumail_queue.sts import STSPolicy, TLSSessionCount
 from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate
 from bumail_queue.text import is_keepable, require_keepable
@@ -100,6 +104,10 @@ class QueueStore(abc.ABC):
     """Up to about this many items ``gauges`` reads them all; a store that samples a
     larger queue (the ORM store on PostgreSQL, Redis) reads about this many, so a
     scrape costs the same whatever the queue's size."""
+
+    supports_shaping: ClassVar[bool] = False
+    """Whether the store keeps the buckets of ``SHAPING`` (``take_permit`` and the rest),
+    shared by every worker; every store bumail_queue ships does (E029 otherwise)."""
 
     def __init__(self, settings: QueueSettings) -> None:
         self.settings = settings
@@ -377,6 +385,57 @@ class QueueStore(abc.ABC):
         while page := self.list(offset=offset, limit=chunk):
             yield from page
             offset += len(page)
+
+    # -- shaping: one bucket per destination, shared by every worker (docs/shaping.md) ----
+    # Times come from the caller, as everywhere; buckets keep them as seconds since the epoch.
+
+    def take_permit(self, request: PermitRequest) -> Permit:
+        """Decide in one step whether a session to ``request.key`` may start now.
+
+        Granted when the destination is not suspended, its token bucket holds a token
+        (``RATE``) and fewer slots than its limit are held (``CONCURRENCY``, or the
+        slow-start window under it): then the token is taken and ``request.slot`` held
+        until ``request.slot_until``. Refused, nothing is taken. Either way the items
+        ``request.held`` are counted for ``destination_states``.
+        """
+        raise self._no_shaping()
+
+    def release_permit(
+        self,
+        key: str,
+        *,
+        slot: str | None,
+        now: datetime,
+        change: WindowChange = WindowChange.KEEP,
+        concurrency: int | None = None,
+        suspend_until: datetime | None = None,
+    ) -> None:
+        """End a session in one step: let go of ``slot``, apply ``change`` to the
+        slow-start window (grown at most to ``concurrency``), and suspend the destination
+        until ``suspend_until`` (a later suspension already set stays)."""
+        raise self._no_shaping()
+
+    def renew_permit(self, key: str, *, slot: str, now: datetime, until: datetime) -> bool:
+        """Extend the lease of a slot held at ``now``; ``False`` when it is not (its
+        session ended, or its lease did and the slot went to another)."""
+        raise self._no_shaping()
+
+    def destination_states(self, *, now: datetime) -> builtins.list[DestinationState]:
+        """Return the destinations the store keeps a bucket for, by key: sessions,
+        window, suspension and items held back, as of ``now``."""
+        return []
+
+    def forget_idle_destinations(self, *, before: datetime, now: datetime) -> int:
+        """Drop the buckets no session used since ``before`` and that hold nothing back at
+        ``now`` (no suspension, no held items); return how many. A bucket dropped is full
+        again, which is what an idle one is anyway."""
+        return 0
+
+    def _no_shaping(self) -> QueueError:
+        return QueueError(
+            ErrorCode.INVALID_OPTION,
+            f"{type(self).__name__} keeps no shaping state: BUMAIL_QUEUE['SHAPING'] needs a store that supports it.",
+        )
 
     def listener(self) -> WorkListener | None:
         """Return a way to sleep until new work is announced, or ``None`` to poll."""

@@ -15,6 +15,7 @@ from bumail_queue.conf import QueueSettings
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, QueueItem
 from bumail_queue.queries import SEARCH_HEAD_BYTES, ItemQuery, QueueGauges, gauges_of, headers_contain
+from bumail_queue.shaping import Bucket, DestinationState, Permit, PermitRequest, WindowChange, seconds
 from bumail_queue.sts import STSPolicy, TLSSessionCount
 from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate, address_holds, search_form
 
@@ -33,10 +34,12 @@ class MemoryStore(QueueStore):
 
     durable = False
     claims_by_id = True
+    supports_shaping = True
 
     def __init__(self, settings: QueueSettings) -> None:
         super().__init__(settings)
         self._lock = threading.Lock()
+        self._buckets: dict[str, Bucket] = {}
         self._entries: dict[str, _Entry] = {}
         self._id_by_key: dict[str, str] = {}
         self._seq = itertools.count(1)
@@ -313,3 +316,42 @@ class MemoryStore(QueueStore):
             for address in [a for a, until in self._expiry_notes.items() if until <= now]:
                 del self._expiry_notes[address]
             return len(gone)
+
+    # -- shaping: the buckets' arithmetic as ``shaping.Bucket`` does it, under the lock --
+
+    def take_permit(self, request: PermitRequest) -> Permit:
+        with self._lock:
+            return self._buckets.setdefault(request.key, Bucket()).take(request)
+
+    def release_permit(
+        self,
+        key: str,
+        *,
+        slot: str | None,
+        now: datetime,
+        change: WindowChange = WindowChange.KEEP,
+        concurrency: int | None = None,
+        suspend_until: datetime | None = None,
+    ) -> None:
+        with self._lock:
+            bucket = self._buckets.setdefault(key, Bucket())
+            bucket.release(slot=slot, now=now, change=change, concurrency=concurrency, suspend_until=suspend_until)
+
+    def renew_permit(self, key: str, *, slot: str, now: datetime, until: datetime) -> bool:
+        with self._lock:
+            bucket = self._buckets.get(key)
+            if bucket is None or bucket.slots.get(slot, 0.0) <= seconds(now):
+                return False
+            bucket.slots[slot] = seconds(until)
+            return True
+
+    def destination_states(self, *, now: datetime) -> builtins.list[DestinationState]:
+        with self._lock:
+            return [self._buckets[key].state(key, now) for key in sorted(self._buckets)]
+
+    def forget_idle_destinations(self, *, before: datetime, now: datetime) -> int:
+        with self._lock:
+            idle = [key for key, b in self._buckets.items() if b.is_idle(seconds(before), seconds(now))]
+            for key in idle:
+                del self._buckets[key]
+            return len(idle)

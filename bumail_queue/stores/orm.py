@@ -38,6 +38,7 @@ from bumail_queue.estimates import planner_estimate
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
 from bumail_queue.models import Item, Message, MTASTSPolicy, TLSReportCount, item_from_row
 from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueGauges, QueueSummary, RetryResult
+from bumail_queue.shaping import DestinationState, Permit, PermitRequest, WindowChange
 from bumail_queue.sts import STSMode, STSPolicy, TLSResult, TLSSessionCount
 from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate
 
@@ -54,6 +55,7 @@ from .orm_database import (
     id_text,
     prep_value,
 )
+from .orm_shaping import ORMShaping
 
 # Serialises adds that count against MAX_ITEMS across every process (pg_advisory_xact_lock).
 _MAX_ITEMS_LOCK = 0x62756D61696C  # "bumail"
@@ -89,6 +91,7 @@ class ORMStore(QueueStore):
     supports_transactional_enqueue = True
     counts_are_estimates = True
     claims_by_id = True
+    supports_shaping = True
 
     def __init__(self, settings: QueueSettings) -> None:
         super().__init__(settings)
@@ -96,6 +99,7 @@ class ORMStore(QueueStore):
         self.items_table = Item._meta.db_table
         self.messages_table = Message._meta.db_table
         self._statements: dict[tuple[str, tuple[Any, ...]], str] = {}
+        self._shaping = ORMShaping(self)
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -958,6 +962,34 @@ class ORMStore(QueueStore):
         with self.translated_errors():
             deleted, _ = TLSReportCount.objects.using(self.alias).filter(day__lt=before).delete()
         return deleted
+
+    # -- shaping: one row per destination, each step one statement (orm_shaping.py) -----
+
+    def take_permit(self, request: PermitRequest) -> Permit:
+        return self._shaping.take(request)
+
+    def release_permit(
+        self,
+        key: str,
+        *,
+        slot: str | None,
+        now: datetime,
+        change: WindowChange = WindowChange.KEEP,
+        concurrency: int | None = None,
+        suspend_until: datetime | None = None,
+    ) -> None:
+        self._shaping.release(
+            key, slot=slot, now=now, change=change, concurrency=concurrency, suspend_until=suspend_until
+        )
+
+    def renew_permit(self, key: str, *, slot: str, now: datetime, until: datetime) -> bool:
+        return self._shaping.renew(key, slot=slot, now=now, until=until)
+
+    def destination_states(self, *, now: datetime) -> builtins.list[DestinationState]:
+        return self._shaping.states(now=now)
+
+    def forget_idle_destinations(self, *, before: datetime, now: datetime) -> int:
+        return self._shaping.forget_idle(before=before, now=now)
 
     # -- checks, and reading for operators (the admin, queue_status): orm_queries.py ----
 

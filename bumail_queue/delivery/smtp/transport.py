@@ -86,11 +86,12 @@ class SMTPTransport:
 
     # -- the public API -------------------------------------------------------------
 
-    def deliver(self, envelope: Envelope, *, route: Route, hosts: Sequence[Host]) -> SMTPDelivery:
+    def deliver(self, envelope: Envelope, *, route: Route, hosts: Sequence[Host], reuse: bool = True) -> SMTPDelivery:
         """Deliver ``envelope`` to the first of ``hosts`` that takes the session.
 
         Returns an outcome for every recipient of the envelope; raises nothing for
-        what servers, the network or the route did.
+        what servers, the network or the route did. ``reuse=False``: the session
+        ends (QUIT) with the transaction, its connection not kept for the next.
         """
         deadline = self._clock() + self._timeouts.session
         recipients = list(dict.fromkeys(envelope.recipients))
@@ -165,7 +166,7 @@ class SMTPTransport:
                     self._option_failed(failure.error, pending, outcomes)
                     return finish(host.name, failure.error)
                 self._unreachable.forget(host)  # it took the session: it is there, whatever comes next
-                if self._transact(session, envelope, message, pending, outcomes, deadline):
+                if self._transact(session, envelope, message, pending, outcomes, deadline, reuse=reuse):
                     return finish(host.name, tls=session.conn.tls)
 
         if last is None:
@@ -240,6 +241,8 @@ class SMTPTransport:
         pending: list[str],
         outcomes: dict[str, Outcome],
         deadline: float,
+        *,
+        reuse: bool = True,
     ) -> bool:
         """Give every recipient of ``pending`` an outcome on ``session``; pool or close it.
 
@@ -262,8 +265,10 @@ class SMTPTransport:
         except OSError as error:
             self._settle(pending, outcomes, _lost(error, session.host, "during the transaction"))
         finally:
-            if reusable:
+            if reusable and reuse:
                 self._pool.give(session)
+            elif reusable:
+                self._pool.give(session, keep=False)
             else:
                 session.conn.close()
         return True

@@ -121,8 +121,8 @@ class Command(BaseCommand):
         with stop_on_signals(worker):
             stats = worker.run()
         logger.info(
-            "stopped items=%d delivered=%d deferred=%d failed=%d",
-            stats.items, stats.delivered, stats.deferred, stats.failed,
+            "stopped items=%d delivered=%d deferred=%d failed=%d held=%d",
+            stats.items, stats.delivered, stats.deferred, stats.failed, stats.held,
         )  # fmt: skip
         if worker.burst and stats.store_errors:
             # 0 says nothing was left due: cron and scripts must not take a pass that

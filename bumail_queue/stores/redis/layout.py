@@ -105,6 +105,15 @@ class RedisKeys:
         """The keys of the suppression list, in the order its scripts take them."""
         return [self.suppressed, self.suppressed_expires, self.suppressed_created, self.expiry_notes]
 
+    @property
+    def shaping(self) -> str:
+        """The destinations with a shaping bucket, scored by when their keys expire."""
+        return f"{self.prefix}shaping"
+
+    def bucket(self, destination: str) -> str:
+        """A destination's shaping bucket (a hash); its slots are ``<bucket>:slots``."""
+        return f"{self.prefix}shaping:{destination}"
+
     def item(self, item_id: str) -> str:
         return f"{self.prefix}item:{item_id}"
 
