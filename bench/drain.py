@@ -1,13 +1,20 @@
 """How fast one worker drains the queue to a local SMTP sink, beside plain smtplib.
 
     python bench/drain.py [--n N] [--concurrency C] [--postgres URL] [--redis URL] [--smtp-sink PATH] [--dkim]
+                          [--suppression] [--shaping]
 
 One run, one Markdown table: for SQLite, PostgreSQL and Redis (with PostgreSQL as
 Django's database, which keeps the delivery log), ``queue.deliver_due()`` (the
 worker's own loop, claims, sessions and records) with connection reuse on and off,
 and, as the ceiling, plain ``smtplib`` sending the same messages over one connection
 with no queue at all. ``--dkim`` adds SQLite rows whose mail is signed with an
-RSA-2048 or an Ed25519 key. The sink is Postfix's ``smtp-sink`` on a loopback port.
+RSA-2048 or an Ed25519 key; ``--suppression`` adds, for each store, a row with
+``SUPPRESSION`` off beside the default (on), the suppression list's cost.
+``--shaping`` adds, for each store, the rows of a ``SHAPING`` entry whose limits are
+never reached, so that what they cost is the store's round trips alone: ``RATE`` (one
+per session) beside the row with connection reuse on, ``CONCURRENCY`` (one before and
+one after each session, and no reuse) beside the row with reuse off. The sink is
+Postfix's ``smtp-sink`` on a loopback port.
 Compare the rows with each other only.
 """
 
@@ -45,6 +52,15 @@ from bench.run import (  # noqa: E402 - the path above comes first
 )
 
 SINK_PORT = 52700
+
+# SHAPING entries whose limits a drain never reaches: what is measured is the cost of
+# asking the store, by the rows with connection reuse on (RATE: one round trip per
+# session, reuse kept) and off (CONCURRENCY: one round trip before and one after,
+# and a counted session keeps no connection anyway).
+SHAPED = {
+    True: ("worker, reuse on, SHAPING RATE never reached", {"*": {"RATE": "1000000/s"}}),
+    False: ("worker, reuse off, SHAPING CONCURRENCY never reached", {"*": {"CONCURRENCY": 1000}}),
+}
 
 
 def free_port() -> int:
@@ -84,6 +100,7 @@ def drain_round(
     port: int,
     redis_url: str | None = None,
     dkim: list[dict[str, str]] | None = None,
+    extra: dict[str, object] | None = None,
 ) -> tuple[str, float, int]:
     """Enqueue n, then time one burst of the worker; return (store, seconds, delivered)."""
     if redis_url is not None:
@@ -102,6 +119,7 @@ def drain_round(
         "CONNECTION_REUSE_SECONDS": reuse,
         "CONCURRENCY": concurrency,
         "DKIM": dkim or [],
+        **(extra or {}),
     }
     with override_settings(BUMAIL_QUEUE=settings):
         service = QueueService()
@@ -152,6 +170,12 @@ def main() -> int:
     parser.add_argument(
         "--dkim", action="store_true", help="add rows signed with RSA-2048 and Ed25519 (SQLite, reuse on; extra dkim)"
     )
+    parser.add_argument(
+        "--suppression", action="store_true", help="add rows with SUPPRESSION off (reuse on), for the list's cost"
+    )
+    parser.add_argument(
+        "--shaping", action="store_true", help="add rows with a SHAPING entry never reached: its round trips' cost"
+    )
     args = parser.parse_args()
     if not Path(args.smtp_sink).exists():
         print("smtp-sink not found (Debian: apt-get install postfix); give --smtp-sink PATH", file=sys.stderr)
@@ -184,6 +208,30 @@ def main() -> int:
                             delivered / seconds,
                             check,
                         )
+                    )
+                    if args.shaping:
+                        what, shaping = SHAPED[reuse > 0]
+                        label, seconds, delivered = in_child(
+                            drain_round,
+                            url,
+                            args.n,
+                            args.concurrency,
+                            reuse,
+                            port,
+                            redis_url,
+                            None,
+                            {"SHAPING": shaping},
+                        )
+                        check = "ok" if delivered == args.n else f"only {delivered} delivered"
+                        rows.append((what, label, args.concurrency, delivered / seconds, check))
+            if args.suppression:
+                for url, redis_url in stores:
+                    label, seconds, delivered = in_child(
+                        drain_round, url, args.n, args.concurrency, 10.0, port, redis_url, None, {"SUPPRESSION": False}
+                    )
+                    check = "ok" if delivered == args.n else f"only {delivered} delivered"
+                    rows.append(
+                        ("worker, reuse on, SUPPRESSION off", label, args.concurrency, delivered / seconds, check)
                     )
             if args.dkim:
                 for algorithm in ("rsa-sha256", "ed25519-sha256"):

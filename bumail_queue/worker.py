@@ -12,7 +12,9 @@ One ``Worker`` runs one claim loop in the calling thread and delivers on a pool 
 threads, one per session (SMTP is I/O, and ``smtplib`` blocks). The loop:
 
 1. claims up to ``CLAIM_BATCH_SIZE`` due items once fewer than half a batch (or
-   ``CONCURRENCY``) wait to start, so the claim overlaps the last deliveries;
+   ``CONCURRENCY``) wait to start, so the claim overlaps the last deliveries, and
+   looks their pending recipients up in the suppression list (one round trip): a
+   suppressed recipient fails without a session;
 2. starts each on a thread once fewer than ``CONCURRENCY`` sessions are making
    progress and its destinations have a free ``DOMAIN_CONCURRENCY`` slot (an item
    waiting for a busy domain never blocks the others). A session of a small message
@@ -41,21 +43,25 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from datetime import datetime
+from collections.abc import Callable, Container, Sequence
+from datetime import UTC, datetime
 
 from django.db import connections
 from django.utils import timezone
 
-from bumail_queue.conf import QueueSettings, get_settings
+from bumail_queue.conf import QueueSettings, Route, get_settings
 from bumail_queue.delivery.dkim import Signatures
-from bumail_queue.delivery.envelope import Delivery, Envelope, Host, Resolver, Transport
+from bumail_queue.delivery.dsn import header_block
+from bumail_queue.delivery.envelope import Delivery, Envelope, Host, Resolver, TLSSession, Transport
+from bumail_queue.delivery.mta_sts import AppliedPolicy, STSPolicies
 from bumail_queue.delivery.routes import Destination, group_by_destination
+from bumail_queue.delivery.tlsrpt import TLSReportCounter
 from bumail_queue.errors import QueueError
-from bumail_queue.items import Outcome, QueueItem, RecipientStatus, Reply
+from bumail_queue.items import AttemptResult, Outcome, QueueItem, RecipientStatus, Reply
 from bumail_queue.outcomes import (
     Attempt,
     Enqueue,
+    Meter,
     Recorder,
     Stats,
     close_broken_connections,
@@ -63,12 +69,15 @@ from bumail_queue.outcomes import (
     report_error,
     store_enqueue,
 )
+from bumail_queue.shaper import Held, Shaper
 from bumail_queue.stores import QueueStore, get_store
 from bumail_queue.stores.base import WorkListener
+from bumail_queue.suppression import Suppression, suppressed_reply
 from bumail_queue.threads import ThreadPool
 
 __all__ = [
     "Attempt",
+    "Meter",
     "Resolver",
     "Stats",
     "Transport",
@@ -128,6 +137,7 @@ class Worker:
         store: QueueStore | None = None,
         transport: Transport | None = None,
         resolver: Resolver | None = None,
+        mta_sts: STSPolicies | None = None,
         owner: str | None = None,
         concurrency: int | None = None,
         domain_concurrency: int | None = None,
@@ -135,7 +145,14 @@ class Worker:
         clock: Clock = timezone.now,
         rng: random.Random | None = None,
         enqueue: Enqueue | None = None,
+        item_ids: Sequence[str] | None = None,
+        claim_seconds: float | None = None,
+        meter: Meter | None = None,
     ) -> None:
+        """``item_ids``: claim only those items (``QueueStore.claim_items``), each once if
+        due and free, rather than whatever is due. ``claim_seconds``: once this long
+        has passed since the worker was made, stop after the claim under way, as
+        ``stop()`` does (a task's bounded run; one claim at least)."""
         self.settings = settings or get_settings()
         self.store = store or get_store()
         self.owner = owner or default_owner()
@@ -147,7 +164,12 @@ class Worker:
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not a secret
         self.transport = transport or self._default_transport()
         self._resolver = resolver
+        self._mta_sts = mta_sts
+        self._mta_sts_lock = threading.Lock()  # delivery threads ask for it at once
+        # The TLS sessions under MTA-STS policies, counted here and written now and then.
+        self.tls_reports = TLSReportCounter(self.store)
         self.stats = Stats()
+        self.meter = meter
         self._lease_until: dict[str, datetime] = {}
         self.recorder = Recorder(
             store=self.store,
@@ -157,6 +179,7 @@ class Worker:
             enqueue=enqueue or store_enqueue(self.store, self.settings, clock),
             stats=self.stats,
             lease_until=self._lease_until.get,
+            meter=meter,
         )
         self._changed = threading.Condition()
         self._stopping = threading.Event()
@@ -171,6 +194,8 @@ class Worker:
         self._sessions: dict[str, _Session] = {}
         self._to_record: queue_module.SimpleQueue[Attempt | None] = queue_module.SimpleQueue()
         self._prefetched: dict[str, bytes] = {}
+        # Per claimed item, its pending recipients the suppression list held at the claim.
+        self._suppressed: dict[str, dict[str, Suppression]] = {}
         self._busy: Counter[str] = Counter()
         # The last claim took fewer items than it asked for: the queue had no more due,
         # so finished sessions need not wake the loop to claim until mail is announced.
@@ -178,6 +203,14 @@ class Worker:
         # Set while no session is under way: the recorder stops waiting for more.
         self._sessions_idle = threading.Event()
         self._sessions_idle.set()
+        # SHAPING's side: None without it, so an unshaped worker never asks the store.
+        self.shaper = Shaper.of(settings=self.settings, store=self.store, owner=self.owner, clock=clock)
+        # The earliest time an item this worker held back for shaping falls due again:
+        # the loop wakes for it rather than waiting for its poll.
+        self._held_due: datetime | None = None
+        # The ids still to claim, when this worker was given ids rather than the queue.
+        self._ids_to_claim = None if item_ids is None else list(dict.fromkeys(item_ids))
+        self._claim_until = None if claim_seconds is None else time.monotonic() + claim_seconds
 
     def _default_transport(self) -> Transport:
         from bumail_queue.delivery.smtp import SMTPTransport
@@ -190,6 +223,7 @@ class Worker:
             unreachable_memory_seconds=self.settings.unreachable_host_memory.total_seconds(),
             # Without signers it signs nothing, and the transport leaves it out.
             dkim=Signatures(self.settings.dkim, unsigned_on_error=self.settings.dkim_unsigned_on_error),
+            ca_file=self.settings.tls_ca_file,
         )
 
     @property
@@ -210,6 +244,23 @@ class Worker:
             address_limit=self.settings.mx_address_limit,
         )
 
+    @property
+    def mta_sts(self) -> STSPolicies | None:
+        """The MTA-STS policies of recipient domains (``None`` with ``MTA_STS`` off),
+        made when first needed, kept in the store for every worker."""
+        if self._mta_sts is None and self.settings.mta_sts:
+            with self._mta_sts_lock:
+                if self._mta_sts is None:  # one for all threads: one fetch per domain
+                    self._mta_sts = STSPolicies(
+                        cache=self.store,
+                        nameservers=self.settings.dns_nameservers,
+                        https_port=self.settings.mta_sts_https_port,
+                        ca_file=self.settings.tls_ca_file,
+                        allowed_networks=self.settings.allowed_private_networks,
+                        clock=self.clock,
+                    )
+        return self._mta_sts
+
     # -- control ----------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -222,6 +273,11 @@ class Worker:
         """Ask the loop to stop, from a signal handler: it takes no lock, so it cannot
         deadlock with the thread it interrupts; the loop sees it within half a second."""
         self._stop_requested = True
+
+    def sessions_under_way(self) -> int:
+        """Return how many items are being delivered now (for a monitor)."""
+        with self._changed:
+            return len(self._sessions)
 
     @property
     def stopping(self) -> bool:
@@ -262,6 +318,7 @@ class Worker:
             if listener.is_alive():
                 listener.join()
             self.transport.close()
+            self.tls_reports.flush()
         return self.stats
 
     # -- the loop ---------------------------------------------------------------------
@@ -269,8 +326,14 @@ class Worker:
     def _loop(self, pool: ThreadPool) -> None:
         while not self.stopping:
             close_broken_connections()
+            self.tls_reports.flush_if_due()
             claimed = self._claim()
             self._start_what_fits(pool)
+            if self._claim_until is not None and time.monotonic() >= self._claim_until:
+                # A bounded run: what was claimed and not started is given back, due at once.
+                logger.info("claim time over owner=%s", self.owner, extra={"action": "stop"})
+                self.stop()
+                return
             if claimed and not self._drained:
                 continue
             with self._changed:
@@ -278,6 +341,8 @@ class Worker:
                     return
             self._idle(self._idle_seconds())
             self.transport.close_idle()
+            if self.shaper is not None:
+                self.shaper.forget_idle()
 
     def _idle(self, seconds: float) -> None:
         """Wait until woken, or ``seconds`` pass, or a stop is requested."""
@@ -313,20 +378,36 @@ class Worker:
         until = now + self.settings.lease
         limit = self.settings.claim_batch_size
         try:
-            claimed = self.store.claim(owner=self.owner, now=now, lease_until=until, limit=limit)
+            claimed, drained = self._claim_batch(now, until, limit)
         except QueueError as error:
             self.stats.store_errors += 1
+            if self.meter is not None:
+                self.meter.store_failed()
             report_error(error, None)
             self._stopping.wait(min(self.settings.poll_seconds, 5))
             return []
+        if self.meter is not None:
+            self.meter.claimed(len(claimed))
         prefetched = self._prefetch(claimed)
+        suppressed = self._suppressed_in(claimed, now)
         with self._changed:
-            self._drained = len(claimed) < limit
-            self._waiting.extend((item, self._limit_keys(item)) for item in claimed)
+            self._drained = drained
+            self._waiting.extend((item, self._limit_keys(item, suppressed.get(item.id, {}))) for item in claimed)
             self._prefetched.update(prefetched)
+            self._suppressed.update(suppressed)
             for item in claimed:
                 self._lease_until[item.id] = until
         return claimed
+
+    def _claim_batch(self, now: datetime, until: datetime, limit: int) -> tuple[list[QueueItem], bool]:
+        """Claim up to ``limit`` items; return them and whether nothing more is to claim."""
+        if self._ids_to_claim is None:
+            claimed = self.store.claim(owner=self.owner, now=now, lease_until=until, limit=limit)
+            return claimed, len(claimed) < limit
+        batch = self._ids_to_claim[:limit]
+        claimed = self.store.claim_items(batch, owner=self.owner, now=now, lease_until=until) if batch else []
+        del self._ids_to_claim[: len(batch)]  # after the claim: a store error leaves them to try again
+        return claimed, not self._ids_to_claim
 
     def _prefetch(self, claimed: list[QueueItem]) -> dict[str, bytes]:
         # One query for a claim's messages, instead of one per session in the threads
@@ -344,8 +425,33 @@ class Worker:
         except QueueError:
             return {}
 
-    def _limit_keys(self, item: QueueItem) -> set[str]:
-        pending = [r.address for r in item.pending_recipients]
+    def _suppressed_in(self, claimed: list[QueueItem], now: datetime) -> dict[str, dict[str, Suppression]]:
+        """Look a claim's pending recipients up in the suppression list, in one round trip.
+
+        Here, before routing, rather than at enqueue: enqueue reads nothing more, an
+        address suppressed after its mail was queued (a deferred recipient's) is caught
+        at its next attempt, and a suppressed recipient fails through the recorder, with
+        its signal, log entry and DSN, as any other failure.
+        """
+        if not self.settings.suppression or not claimed:
+            return {}
+        addresses = {r.address for item in claimed for r in item.pending_recipients}
+        try:
+            found = self.store.suppressions_of(addresses, now=now)
+        except QueueError as error:
+            # The lesser harm is to deliver: a remote that refuses a dead mailbox says so again.
+            report_error(error, None)
+            return {}
+        by_item = {}
+        for item in claimed:
+            held = {r.address: found[r.address] for r in item.pending_recipients if r.address in found}
+            if held:
+                by_item[item.id] = held
+        return by_item
+
+    def _limit_keys(self, item: QueueItem, suppressed: Container[str] = ()) -> set[str]:
+        # A suppressed recipient needs no session, so no slot at its destination.
+        pending = [r.address for r in item.pending_recipients if r.address not in suppressed]
         return {d.limit_key for d in group_by_destination(pending, self.settings)}
 
     def _start_what_fits(self, pool: ThreadPool) -> None:
@@ -373,7 +479,9 @@ class Worker:
     def _session_ended(self, item: QueueItem, keys: set[str], pool: ThreadPool, *, to_record: bool) -> None:
         # The session's slots are free for the next item; the lease stays until recorded.
         with self._changed:
-            self._sessions.pop(item.id, None)
+            session = self._sessions.pop(item.id, None)
+            if self.meter is not None and session is not None:
+                self.meter.session_ended(time.monotonic() - session.started)
             self._busy.subtract(keys)
             self._busy += Counter()  # drop the keys that reached zero
             if to_record:
@@ -421,10 +529,15 @@ class Worker:
         return min(turns, default=None)
 
     def _idle_seconds(self) -> float:
-        """How long the loop may sleep: ``POLL_SECONDS``, or less when a slot frees sooner."""
+        """How long the loop may sleep: ``POLL_SECONDS``, or less when a slot frees
+        sooner or an item held back for shaping falls due."""
         with self._changed:
             turn = self._seconds_until_a_session_turns_slow()
-        return self.settings.poll_seconds if turn is None else max(0.0, min(self.settings.poll_seconds, turn))
+            held_due, self._held_due = self._held_due, None
+        seconds = self.settings.poll_seconds if turn is None else max(0.0, min(self.settings.poll_seconds, turn))
+        if held_due is not None:
+            seconds = max(0.0, min(seconds, (held_due - self.clock()).total_seconds()))
+        return seconds
 
     def _wake_loop_if_needed(self) -> None:
         """Wake the loop when it has something to do (call with ``_changed`` held): claim
@@ -437,6 +550,7 @@ class Worker:
     def _forget(self, item_id: str) -> None:
         """Drop an item the worker no longer holds (call with ``_changed`` held)."""
         self._prefetched.pop(item_id, None)
+        self._suppressed.pop(item_id, None)
         self._in_flight.pop(item_id, None)
         self._ended.discard(item_id)
         self._lease_until.pop(item_id, None)
@@ -446,6 +560,8 @@ class Worker:
             waiting = [item for item, _ in self._waiting]
             self._waiting = []
             self._prefetched.clear()
+            for item in waiting:
+                self._suppressed.pop(item.id, None)
         now = self.clock()
         for item in waiting:
             try:
@@ -478,6 +594,8 @@ class Worker:
                     with self._changed:
                         if renewed and item_id in self._lease_until:
                             self._lease_until[item_id] = until
+                if self.shaper is not None:
+                    self.shaper.renew(until)  # the slots of sessions under way, leased as items are
         finally:
             connections.close_all()
 
@@ -555,9 +673,13 @@ class Worker:
             connections.close_all()
 
     def attempt(self, item: QueueItem) -> Attempt | None:
-        """Try every pending recipient of ``item`` once; ``None`` if the item is gone."""
+        """Try every pending recipient of ``item`` once; ``None`` if the item is gone.
+
+        Those the claim found on the suppression list fail at once, untried.
+        """
         with self._changed:
             message = self._prefetched.pop(item.id, None)
+            suppressed = self._suppressed.pop(item.id, {})
         if message is None:
             close_broken_connections()  # the only database use of a delivery thread
             message = self.store.read_message(item.id)
@@ -569,23 +691,71 @@ class Worker:
                 for r in item.pending_recipients
             }
             return self._attempt_from(item, lost, dict.fromkeys(lost), message=None)
-        outcomes: dict[str, Outcome] = {}
-        remote_hosts: dict[str, str | None] = {}
+        # A suppressed recipient fails at once, with no session: its reply says until when.
+        outcomes = {
+            address: Outcome(status=RecipientStatus.FAILED, reply=suppressed_reply(entry))
+            for address, entry in suppressed.items()
+        }
+        remote_hosts: dict[str, str | None] = dict.fromkeys(suppressed)
         tls: dict[str, bool] = {}
-        pending = [r.address for r in item.pending_recipients]
+        held: list[Held] = []
+        pending = [r.address for r in item.pending_recipients if r.address not in suppressed]
         for destination, addresses in group_by_destination(pending, self.settings).items():
             delivery = self._deliver_to(
                 destination, Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message)
             )
+            if isinstance(delivery, Held):
+                held.append(delivery)  # its recipients keep their state, not attempted
+                continue
             for address in addresses:
                 outcomes[address] = delivery.outcomes[address]
                 remote_hosts[address] = delivery.remote_host
                 tls[address] = delivery.tls
+        if held:
+            return self._held_attempt(
+                item, outcomes, remote_hosts, held, message=message, tls=tls, suppressed=frozenset(suppressed)
+            )
         # The message is handed on: the DSNs return its header block, and recording
         # the last pending recipient drops it from the store.
-        return self._attempt_from(item, outcomes, remote_hosts, message=message, tls=tls)
+        return self._attempt_from(
+            item, outcomes, remote_hosts, message=message, tls=tls, suppressed=frozenset(suppressed)
+        )
 
-    def _deliver_to(self, destination: Destination, envelope: Envelope) -> Delivery:
+    def _held_attempt(
+        self,
+        item: QueueItem,
+        outcomes: dict[str, Outcome],
+        remote_hosts: dict[str, str | None],
+        held: list[Held],
+        *,
+        message: bytes,
+        tls: dict[str, bool],
+        suppressed: frozenset[str],
+    ) -> Attempt:
+        """An attempt some of whose destinations shaping held back: the item is due again
+        when the first of them has room (or sooner, for its retry); held alone, it goes
+        back with no attempt counted and no signal."""
+        until = min(h.until for h in held)
+        with self._changed:
+            self._held_due = until if self._held_due is None else min(self._held_due, until)
+        for h in held:
+            logger.debug(
+                "held item=%s destination=%s reason=%s until=%s",
+                item.id, h.key, h.reason, until.isoformat(),
+                extra={"action": "held", "item_id": item.id},
+            )  # fmt: skip
+        if not outcomes:
+            result = AttemptResult(outcomes={}, next_attempt_at=until, count_attempt=False)
+            return Attempt(item=item, result=result, remote_hosts={}, headers=header_block(message), held=True)
+        attempt = self._attempt_from(item, outcomes, remote_hosts, message=message, tls=tls, suppressed=suppressed)
+        # Due when the held destination has room, or sooner when a recipient deferred
+        # elsewhere is due again first.
+        deferred = any(o.status == RecipientStatus.DEFERRED for o in attempt.result.outcomes.values())
+        next_at = min(attempt.result.next_attempt_at, until) if deferred else until
+        attempt.result = dataclasses.replace(attempt.result, next_attempt_at=next_at)
+        return attempt
+
+    def _deliver_to(self, destination: Destination, envelope: Envelope) -> Delivery | Held:
         route = destination.route
         if route.type == "smarthost":
             assert route.host is not None and route.port is not None
@@ -596,11 +766,54 @@ class Worker:
             if found.failure is not None:
                 return Delivery(outcomes=dict.fromkeys(envelope.recipients, found.failure), remote_host=None)
             hosts = found.hosts
-        delivery = self.transport.deliver(envelope, route=route, hosts=hosts)
+        policy = self.mta_sts.policy_for(destination.domain) if destination.domain and self.mta_sts else None
+        if policy is not None:
+            route, allowed = policy.route(route), policy.hosts(hosts)
+            if not allowed:  # enforce, and no MX host matches: 4.7.5, no session
+                self._count_tls(policy, (), excluded=hosts)
+                return Delivery(outcomes=dict.fromkeys(envelope.recipients, policy.refusal(hosts)), remote_host=None)
+            hosts = allowed
+        shape = None if self.shaper is None else self.shaper.shape(destination, hosts)
+        if shape is None:
+            return self._send(envelope, route, hosts, policy)
+        assert self.shaper is not None
+        entry = self.shaper.enter(shape)
+        if isinstance(entry, Held):
+            return entry
+        delivery = None
+        try:
+            # A counted session keeps no idle connection: it ends with its slot.
+            delivery = self._send(envelope, route, hosts, policy, reuse=not shape.limits.uses_slots)
+            return delivery
+        finally:
+            self.shaper.leave(entry, delivery)
+
+    def _send(
+        self,
+        envelope: Envelope,
+        route: Route,
+        hosts: Sequence[Host],
+        policy: AppliedPolicy | None,
+        *,
+        reuse: bool = True,
+    ) -> Delivery:
+        if reuse:
+            delivery = self.transport.deliver(envelope, route=route, hosts=hosts)
+        else:
+            delivery = self.transport.deliver(envelope, route=route, hosts=hosts, reuse=False)
         if delivery.option_error is not None:
             # The route's options were refused (4.3.5): the configuration is to fix.
             report_error(delivery.option_error, envelope.item_id)
+        if policy is not None:
+            self._count_tls(policy, delivery.tls_sessions)
         return delivery
+
+    def _count_tls(
+        self, policy: AppliedPolicy, sessions: Sequence[TLSSession], *, excluded: Sequence[Host] = ()
+    ) -> None:
+        """Count the sessions of a delivery under ``policy`` for the day's TLS report (RFC 8460)."""
+        day = self.clock().astimezone(UTC).date()
+        self.tls_reports.add(policy.counts(day, sessions, excluded=excluded))
 
     def _attempt_from(
         self,
@@ -610,6 +823,7 @@ class Worker:
         *,
         message: bytes | None,
         tls: dict[str, bool] | None = None,
+        suppressed: frozenset[str] = frozenset(),
     ) -> Attempt:
         return decide_attempt(
             item,
@@ -620,6 +834,7 @@ class Worker:
             now=self.clock(),
             rng=self.rng,
             tls=tls,
+            suppressed=suppressed,
         )
 
     # -- recording ----------------------------------------------------------------------

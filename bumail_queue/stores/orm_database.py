@@ -46,7 +46,7 @@ def prep_value(column: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
 #: The NOTIFY channel that enqueues, retries and give-backs signal on PostgreSQL.
 WAKE_CHANNEL = "bumail_queue"
 
-#: The function migration 0005 makes on PostgreSQL: an item and its message added in
+#: The function migration 0008 makes on PostgreSQL: an item and its message added in
 #: one call, whose plan PostgreSQL keeps for the session (see ``add_function``).
 ADD_FUNCTION = "bumail_queue_add"
 ADD_FUNCTION_SIGNATURE = (

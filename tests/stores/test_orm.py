@@ -176,7 +176,7 @@ def test_an_enqueue_on_postgresql_is_one_call_of_the_migrations_function(orm_sto
 @pytest.mark.postgres
 def test_without_the_function_an_enqueue_is_one_statement_of_its_own(orm_store):
     # As in a test database made without migrations: the store finds no function.
-    migration = importlib.import_module("bumail_queue.migrations.0005_priority_channel")
+    migration = importlib.import_module("bumail_queue.migrations.0008_priority_channel")
     with connection.schema_editor() as editor:
         migration.drop_add_function(None, editor)
     connection.close()  # a new connection asks its facts anew

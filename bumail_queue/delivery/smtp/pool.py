@@ -64,9 +64,9 @@ class _Pool:
         self._quit_all(stale)
         return found
 
-    def give(self, session: _Session) -> None:
-        """Keep ``session`` for reuse, or QUIT it when none is kept or it is closed."""
-        if self._reuse_seconds <= 0 or session.conn.sock is None:
+    def give(self, session: _Session, *, keep: bool = True) -> None:
+        """Keep ``session`` for reuse, or QUIT it when none is kept, ``keep`` is false, or it is closed."""
+        if not keep or self._reuse_seconds <= 0 or session.conn.sock is None:
             self._steps.quit(session.conn)
             return
         session.last_used = self._clock()

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from bumail_queue.addresses import mailbox_problem
 from bumail_queue.conf import Route, Timeouts
 from bumail_queue.delivery.dkim import Signatures
-from bumail_queue.delivery.envelope import Delivery, Envelope, Host
+from bumail_queue.delivery.envelope import Delivery, Envelope, Host, TLSSession
 from bumail_queue.items import Outcome, RecipientStatus
 
 from .connection import _Steps
@@ -49,9 +49,11 @@ class SMTPTransport:
     ``unreachable_memory_seconds`` is how long a host that did not answer is not
     connected to again (RFC 5321 §4.5.4.1; 0: it is tried every time);
     ``dkim`` signs each message as it goes on the wire (``None``: no signing).
-    ``ssl_context`` verifies smarthost certificates (``ssl.create_default_context()``
-    when ``None``); ``clock`` gives the time in seconds, for the session's deadline,
-    the connections' idle time and how long a host is remembered.
+    ``ssl_context`` verifies the certificates of smarthosts and of MX hosts under an
+    MTA-STS policy (when ``None``, one trusting ``ca_file``, ``TLS_CA_FILE``, or the
+    system's trusted certificates without it); ``clock`` gives the time in seconds,
+    for the session's deadline, the connections' idle time and how long a host is
+    remembered.
     """
 
     def __init__(
@@ -64,6 +66,7 @@ class SMTPTransport:
         unreachable_memory_seconds: float = 300.0,
         dkim: Signatures | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        ca_file: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._hostname = hostname
@@ -72,7 +75,9 @@ class SMTPTransport:
         self._clock = clock
         self._steps = _Steps(timeouts, clock)
         self._pool = _Pool(reuse_seconds=reuse_seconds, steps=self._steps, clock=clock)
-        self._opener = _Opener(hostname=hostname, steps=self._steps, contexts=_Contexts(ssl_context), clock=clock)
+        self._opener = _Opener(
+            hostname=hostname, steps=self._steps, contexts=_Contexts(ssl_context, ca_file=ca_file), clock=clock
+        )
         self._transactions = _Transactions(self._steps, dkim)
         self._unreachable = _UnreachableHosts(seconds=unreachable_memory_seconds, clock=clock)
 
@@ -81,15 +86,17 @@ class SMTPTransport:
 
     # -- the public API -------------------------------------------------------------
 
-    def deliver(self, envelope: Envelope, *, route: Route, hosts: Sequence[Host]) -> SMTPDelivery:
+    def deliver(self, envelope: Envelope, *, route: Route, hosts: Sequence[Host], reuse: bool = True) -> SMTPDelivery:
         """Deliver ``envelope`` to the first of ``hosts`` that takes the session.
 
         Returns an outcome for every recipient of the envelope; raises nothing for
-        what servers, the network or the route did.
+        what servers, the network or the route did. ``reuse=False``: the session
+        ends (QUIT) with the transaction, its connection not kept for the next.
         """
         deadline = self._clock() + self._timeouts.session
         recipients = list(dict.fromkeys(envelope.recipients))
         outcomes: dict[str, Outcome] = {}
+        tls_sessions: list[TLSSession] = []
 
         def finish(
             remote_host: str | None = None, option_error: RouteOptionError | None = None, *, tls: bool = False
@@ -99,6 +106,7 @@ class SMTPTransport:
                 remote_host=remote_host,
                 tls=tls,
                 option_error=option_error,
+                tls_sessions=tuple(tls_sessions),
             )
 
         problem = mailbox_problem(envelope.sender) if envelope.sender else None
@@ -145,7 +153,7 @@ class SMTPTransport:
                 continue
             while True:  # again while a pooled connection turns out stale: the next, or a new one
                 try:
-                    session = self._session(host, policy, route, envelope.item_id, deadline)
+                    session = self._session(host, policy, route, envelope.item_id, deadline, tls_sessions)
                 except _StepError as failure:
                     last, last_host = failure, host
                     if failure.greeted and failure.status is RecipientStatus.DEFERRED:
@@ -158,7 +166,7 @@ class SMTPTransport:
                     self._option_failed(failure.error, pending, outcomes)
                     return finish(host.name, failure.error)
                 self._unreachable.forget(host)  # it took the session: it is there, whatever comes next
-                if self._transact(session, envelope, message, pending, outcomes, deadline):
+                if self._transact(session, envelope, message, pending, outcomes, deadline, reuse=reuse):
                     return finish(host.name, tls=session.conn.tls)
 
         if last is None:
@@ -204,7 +212,9 @@ class SMTPTransport:
         reply = _own("4.3.5", f"The route's configuration was refused: {error.message}")
         outcomes.update((r, Outcome(status=RecipientStatus.DEFERRED, reply=reply)) for r in pending)
 
-    def _session(self, host: Host, policy: _Policy, route: Route, item_id: str, deadline: float) -> _Session:
+    def _session(
+        self, host: Host, policy: _Policy, route: Route, item_id: str, deadline: float, tls_sessions: list[TLSSession]
+    ) -> _Session:
         key = _Key(host.name.lower(), host.address, host.port, policy)
         while (session := self._pool.take(key)) is not None:
             if session.conn.has_extn("pipelining"):
@@ -221,7 +231,7 @@ class SMTPTransport:
                 return session
             logger.debug("%s %s: a pooled connection failed RSET (%s); reconnecting", item_id, host, code)
             session.conn.close()
-        return self._opener.open(host, key, route, item_id, deadline, starttls=True)
+        return self._opener.open(host, key, route, item_id, deadline, starttls=True, sessions=tls_sessions)
 
     def _transact(
         self,
@@ -231,6 +241,8 @@ class SMTPTransport:
         pending: list[str],
         outcomes: dict[str, Outcome],
         deadline: float,
+        *,
+        reuse: bool = True,
     ) -> bool:
         """Give every recipient of ``pending`` an outcome on ``session``; pool or close it.
 
@@ -253,8 +265,10 @@ class SMTPTransport:
         except OSError as error:
             self._settle(pending, outcomes, _lost(error, session.host, "during the transaction"))
         finally:
-            if reusable:
+            if reusable and reuse:
                 self._pool.give(session)
+            elif reusable:
+                self._pool.give(session, keep=False)
             else:
                 session.conn.close()
         return True

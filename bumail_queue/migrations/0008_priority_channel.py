@@ -64,7 +64,7 @@ def drop_add_function(apps: Any, schema_editor: Any) -> None:
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("bumail_queue", "0004_delivery_log_entries"),
+        ("bumail_queue", "0007_shaping"),
     ]
 
     operations = [
