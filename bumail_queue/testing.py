@@ -732,6 +732,73 @@ class StoreContract(ShapingContract):
         lanes = [(n.channel, n.priority, n.total, n.due) for n in store.summary(now=T0).lanes]
         assert lanes == [("bulk", -5, 4, 3), ("default", 0, 2, 1)]
 
+    def test_claim_items_takes_each_item_out_of_its_lane(self, store: QueueStore) -> None:
+        _claims_by_id(store)
+        alert = store.add(new_item(priority=9, channel="alerts"))
+        bulk = store.add_many([new_item(priority=-5, channel="bulk") for _ in range(3)])
+        plain = store.add(new_item())
+        claimed = store.claim_items([bulk[1].id, alert.id], owner="task", now=T0, lease_until=T0 + LEASE)
+        assert [(i.id, i.priority, i.channel) for i in claimed] == [(alert.id, 9, "alerts"), (bulk[1].id, -5, "bulk")]
+        # A claim takes only the others: no item claimed by id is handed out twice.
+        rest = store.claim(owner="w1", now=T0, lease_until=T0 + LEASE, limit=10)
+        assert sorted(i.id for i in rest) == sorted([bulk[0].id, bulk[2].id, plain.id])
+        assert ("alerts", 9) in store.lanes()  # its lane stays while it is delivered
+        # Deferred, it is due again in its lane, before its channel's lower priorities.
+        address = alert.recipients[0].address
+        later = T0 + timedelta(minutes=1)
+        store.complete(alert.id, owner="task", result=result(later, **{address: (S.DEFERRED, LATER)}))
+        store.add(new_item(channel="alerts"))
+        assert [i.id for i in store.claim(owner="w2", now=later, lease_until=later + LEASE, limit=1)] == [alert.id]
+
+    def test_an_item_held_back_goes_back_to_its_lane_with_no_attempt(self, store: QueueStore) -> None:
+        # As the worker gives back an item whose destination shaping had no room for:
+        # no outcome, no attempt, due when the destination has room.
+        held = store.add(new_item(priority=20, channel="alerts"))
+        claim_one(store, "w1")
+        store.add_many([new_item(channel="alerts") for _ in range(2)])
+        room_at = T0 + timedelta(seconds=30)
+        recorded = store.complete(held.id, owner="w1", result=result(room_at, count=False))
+        assert recorded is not None
+        assert (recorded.attempts, recorded.lease_owner, recorded.next_attempt_at) == (0, None, room_at)
+        assert (recorded.priority, recorded.channel) == (20, "alerts")
+        before = room_at - timedelta(seconds=1)
+        assert [i.id for i in store.claim(owner="w2", now=before, lease_until=before + LEASE, limit=1)] != [held.id]
+        assert claim_one(store, "w3", now=room_at).id == held.id
+
+    def test_retries_make_deferred_items_due_in_their_lanes(self, store: QueueStore) -> None:
+        lanes = [("bulk", -5), ("alerts", 9), ("alerts", 0)]
+        added = [store.add(new_item(channel=c, priority=p)) for c, p in lanes]
+        first = {i.id for i in store.claim(owner="w1", now=T0, lease_until=T0 + LEASE, limit=3)}
+        assert first == {i.id for i in added}
+        until = T0 + timedelta(hours=1)
+        for item in added:
+            store.complete(
+                item.id, owner="w1", result=result(until, **{item.recipients[0].address: (S.DEFERRED, LATER)})
+            )
+        # In the fair order: the higher priority first in a turn, then the channel's next.
+        expected = [added[1].id, added[0].id, added[2].id]
+        now = T0 + timedelta(minutes=1)
+        assert store.retry_deferred(now=now) == 3
+        claimed = store.claim(owner="w2", now=now, lease_until=now + LEASE, limit=3)
+        assert [i.id for i in claimed] == expected
+        for item in claimed:
+            store.complete(
+                item.id, owner="w2", result=result(until, **{item.recipients[0].address: (S.DEFERRED, LATER)})
+            )
+        later = now + timedelta(minutes=1)
+        assert store.retry_items([i.id for i in added], now=later).due == 3
+        again = store.claim(owner="w3", now=later, lease_until=later + LEASE, limit=3)
+        assert [(i.id, i.priority, i.channel, i.attempts) for i in again] == [
+            (item.id, item.priority, item.channel, 2) for item in (added[1], added[0], added[2])
+        ]
+
+    def test_gauges_count_the_due_items_of_every_lane(self, store: QueueStore) -> None:
+        store.add_many([new_item(channel="bulk", priority=-5, created_at=T0 - timedelta(minutes=n)) for n in range(3)])
+        oldest = store.add(new_item(channel="alerts", priority=9, created_at=T0 - timedelta(minutes=7)))
+        store.add(new_item(priority=3, next_attempt_at=T0 + timedelta(hours=1)))
+        gauges = store.gauges(now=T0)
+        assert (gauges.total, gauges.due, gauges.first_due_at) == (5, 4, oldest.created_at)
+
     # -- renew ------------------------------------------------------------------------
 
     def test_renew_extends_the_owners_lease_only(self, store: QueueStore) -> None:

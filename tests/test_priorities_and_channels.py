@@ -10,6 +10,7 @@ from django.core import mail
 from django.core.mail import EmailMessage, send_mail, send_mass_mail
 from django.db import connection, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from bumail_queue import queue
@@ -18,6 +19,7 @@ from bumail_queue.models import Item, Message
 from bumail_queue.stores import get_store
 from tests.helpers import smarthost, use_queue_backend
 from tests.test_backend import BACKEND, HAS_MAILERS, make_backend
+from tests.test_tasks import DJANGO_TASK, task_rows
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -113,6 +115,34 @@ def test_dsns_take_dsn_priority_in_the_channel_of_the_mail_they_report_on(smtp_s
         [dsn] = get_store().list()
     assert (dsn.sender, dsn.channel, dsn.priority, dsn.attempts) == ("", "billing", -20, 1)
     assert [r.address for r in dsn.recipients] == ["app@example.com"]
+
+
+def test_the_report_of_a_suppressed_recipient_takes_dsn_priority_in_the_channel_of_its_mail(
+    smtp_servers, store_settings
+):
+    server = smtp_servers(rcpt_replies={"app@example.com": "451 4.3.0 Try later"})
+    settings = smarthost(server, **store_settings, DSN_PRIORITY=-20)
+    with override_settings(BUMAIL_QUEUE=settings):
+        queue.suppress("gone@example.org", note="bounced last week")
+        invoice = queue.enqueue(note("Invoice", "gone@example.org"), channel="billing", priority=30)
+        stats = queue.deliver_due()
+        [dsn] = get_store().list()
+    assert (stats.failed, queue.get(invoice.id)) == (1, None)
+    assert not any(m.rcpt_tos == ["gone@example.org"] for m in server.messages)  # failed without a session
+    assert (dsn.sender, dsn.channel, dsn.priority, dsn.attempts) == ("", "billing", -20, 1)
+
+
+def test_with_tasks_a_dsn_is_queued_in_its_lane_with_its_task(smtp_servers):
+    server = smtp_servers(
+        rcpt_replies={"gone@example.org": "550 5.1.1 No such user", "app@example.com": "451 4.3.0 Try later"}
+    )
+    with override_settings(BUMAIL_QUEUE=smarthost(server, TASKS="django", DSN_PRIORITY=15)):
+        invoice = queue.enqueue(note("Invoice", "gone@example.org"), channel="billing", priority=-30)
+        queue.deliver_due(ids=[invoice.id])
+        [dsn] = get_store().list()
+    assert (dsn.sender, dsn.channel, dsn.priority) == ("", "billing", 15)
+    # The invoice's task, then the report's, sent through the queue's own enqueue.
+    assert task_rows() == [(DJANGO_TASK, [[invoice.id]], None), (DJANGO_TASK, [[dsn.id]], None)]
 
 
 # -- the backend's options ------------------------------------------------------------------
@@ -242,3 +272,17 @@ def test_enqueue_many_in_a_transaction_that_rolls_back_leaves_nothing():
     assert Item.objects.count() == 0  # ...and gone with it
     assert Message.objects.count() == 0
     assert connection.in_atomic_block is False
+
+
+@pytest.mark.postgres
+def test_enqueue_many_with_tasks_is_one_statement_whose_tasks_are_sent_on_commit(smtp_server):
+    with override_settings(BUMAIL_QUEUE=smarthost(smtp_server, TASKS="django", CLAIM_BATCH_SIZE=100)):
+        queue.enqueue(note("warm-up"))  # connects, reads the connection's facts once
+        with transaction.atomic(), CaptureQueriesContext(connection) as captured:
+            items = queue.enqueue_many([note(f"n{n}", f"r{n}@example.org") for n in range(150)], channel="bulk")
+            assert len(task_rows()) == 1  # the warm-up's: none for the batch before the commit
+        writes = [q["sql"] for q in captured.captured_queries if "bumail_queue_items" in q["sql"]]
+        assert len(writes) == 1 and "unnest" in writes[0]
+        sent = [args[0] for _, args, _ in task_rows()[1:]]
+        assert sent == [[i.id for i in items[:100]], [i.id for i in items[100:]]]
+        assert {(i.channel, i.priority) for i in queue.list(limit=200) if i.id in {*sent[0], *sent[1]}} == {("bulk", 0)}
