@@ -707,6 +707,16 @@ def test_the_store_works_under_the_acl_user_the_docs_give(redis_servers, setting
             assert listener.wait(5) is True
             assert [i.id for i in store.list()] == [first.id, second.id]
             assert (store.count(), store.get(first.id).id, store.read_message(first.id)[:5]) == (2, first.id, b"From:")
+            assert [m[:5] for m in store.read_messages([first.id]).values()] == [b"From:"]
+            assert [h[:5] for h in store.read_message_heads([first.id], size=5).values()] == [b"From:"]
+            assert store.lanes() == [("default", 0)]
+            store.gauge_sample_rows = 1  # counted on the sorted sets, split from a draw
+            assert store.gauges(now=T0).total == 2
+            by_id = store.add(new(priority=5, channel="alerts"))
+            assert [i.id for i in store.claim_items([by_id.id], owner="t", now=T0, lease_until=T0 + LEASE)] == [
+                by_id.id
+            ]
+            assert store.cancel(by_id.id).id == by_id.id
             claimed = store.claim(owner="w", now=T0, lease_until=T0 + LEASE, limit=2)
             assert store.renew(first.id, owner="w", lease_until=T0 + 2 * LEASE) is True
             delivered = {claimed[0].recipients[0].address: (RecipientStatus.DELIVERED, OK)}
@@ -724,6 +734,19 @@ def test_the_store_works_under_the_acl_user_the_docs_give(redis_servers, setting
             store.count_tls_sessions([counted])
             assert store.tls_session_counts(date(2026, 1, 1)) == [counted]
             assert store.purge_tls_session_counts(before=date(2026, 1, 2)) == 1
+            entry = suppression("gone@example.org")
+            store.update_suppressions(SuppressionChange(add=(entry,)), now=T0)
+            assert store.suppressions_of(["gone@example.org"], now=T0) == {"gone@example.org": entry}
+            assert (store.search_suppressions(now=T0, text="gone"), store.count_suppressions(now=T0)) == ([entry], 1)
+            assert store.purge_suppressions(now=entry.expires_at) == 1
+            slot = PermitRequest(
+                key="example.net", limits=Limits(concurrency=1), now=T0, slot="s1", slot_until=T0 + LEASE
+            )
+            assert store.take_permit(slot).granted
+            assert store.renew_permit("example.net", slot="s1", now=T0, until=T0 + 2 * LEASE) is True
+            store.release_permit("example.net", slot="s1", now=T0)
+            assert [s.key for s in store.destination_states(now=T0)] == ["example.net"]
+            assert store.forget_idle_destinations(before=T0 + LEASE, now=T0 + LEASE) == 1
         finally:
             listener.close()
         # A key outside the prefix is out of the user's reach.
