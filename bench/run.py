@@ -1,6 +1,6 @@
 """Benchmarks of bumail_queue: enqueue, claim, and claim behind a backlog of leases.
 
-    python bench/run.py [--n N] [--only enqueue,claim,backlog] [--postgres URL] [--redis URL] [--rounds R]
+    python bench/run.py [--n N] [--only enqueue,claim,backlog,lanes] [--postgres URL] [--redis URL] [--rounds R]
 
 Prints one Markdown table. Compare its rows with each other (ratios within one run on
 one machine), never with a table printed by another run. ``bench/README.md`` says what
@@ -50,7 +50,7 @@ BENCH_DATABASE = "bumail_bench"
 DEFAULT_POSTGRES = "postgres://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 REDIS_PREFIX = "bumail:bench:"  # bench/settings.py gives the Redis store this prefix
-PHASES = ("enqueue", "claim", "backlog")
+PHASES = ("enqueue", "claim", "backlog", "lanes")
 
 MASS_MESSAGES = 1000  # send_mass_mail(): messages in each measured call
 CLAIM_PROCESSES = (1, 4)
@@ -58,6 +58,8 @@ BATCH_LIMIT = 100  # the batch variant's claim(limit=...)
 BATCH_FACTOR = 10  # the batch variant claims BATCH_FACTOR * n items a round
 BACKLOGS = (0, 10_000, 50_000)  # items leased (in flight) when the claim is measured
 IN_FLIGHT = "in-flight"  # the owner of the backlog's leases
+LANE_CHANNELS = (1, 10, 100)  # channels the due items are spread over, one priority each
+WAITING = 50_000  # items not due yet, at a higher priority, in the lanes row that has them
 
 BODY = (
     "Hello,\n\n"
@@ -280,8 +282,12 @@ def count_rows(**filters: Any) -> int:
 
     if (redis_store := _redis_store()) is not None:
         # Only the counts the enqueue and claim rows check: all items, or the unleased.
-        keys = {(): redis_store.keys.items, (("lease_owner__isnull", True),): redis_store.keys.ready}
-        return int(redis_store._redis().zcard(keys[tuple(sorted(filters.items()))]))
+        client, keys = redis_store._redis(), redis_store.keys
+        total = int(client.zcard(keys.items))
+        if tuple(sorted(filters.items())) == ():
+            return total
+        assert filters == {"lease_owner__isnull": True}, filters
+        return total - int(client.zcard(keys.leases))
 
     return Item.objects.filter(**filters).count()
 
@@ -300,33 +306,35 @@ def database_label() -> str:
     return f"SQLite {sqlite3.sqlite_version} (file)"
 
 
-def insert_due(count: int, *, due_at: datetime) -> list[str]:
+def insert_due(count: int, *, due_at: datetime, channels: int = 1, priority: int = 0) -> list[str]:
     """Queue ``count`` items due at ``due_at``, with their messages, in one statement.
 
     Set-up only (PostgreSQL): the rows are those ``add_many`` writes, made by the server.
-    On Redis: the store's own ``add_many``, 1,000 items a call.
+    On Redis: the store's own ``add_many``, 1,000 items a call. With ``channels`` above
+    1 the items are spread over the channels ``ch-0``, ``ch-1``, ... in turn.
     """
     from django.db import connection
 
     if (redis_store := _redis_store()) is not None:
-        return _insert_due_redis(redis_store, count, due_at=due_at)
+        return _insert_due_redis(redis_store, count, due_at=due_at, channels=channels, priority=priority)
 
     items, messages = _tables()
+    channel = "'default'" if channels == 1 else f"'ch-' || mod(i, {channels})"
     with connection.cursor() as cursor:
         cursor.execute(
             f"WITH new AS (INSERT INTO {items} (id, sender, recipients, size, created_at, next_attempt_at, "
-            "attempts, delay_notified, rev) "
+            "attempts, delay_notified, rev, priority, channel) "
             "SELECT gen_random_uuid(), 'app@example.com', "
             "jsonb_build_array(jsonb_build_object('address', 'user' || i || '@example.com', "
-            "'status', 'pending', 'reply', NULL)), %s, %s, %s, 0, false, 0 "
+            f"'status', 'pending', 'reply', NULL)), %s, %s, %s, 0, false, 0, %s, {channel} "
             "FROM generate_series(1, %s) AS i RETURNING id) "
             f"INSERT INTO {messages} (item_id, data) SELECT id, %s FROM new RETURNING item_id",
-            [len(RAW_MESSAGE), due_at, due_at, count, RAW_MESSAGE],
+            [len(RAW_MESSAGE), due_at, due_at, priority, count, RAW_MESSAGE],
         )
         return [str(row[0]) for row in cursor.fetchall()]
 
 
-def _insert_due_redis(store: Any, count: int, *, due_at: datetime) -> list[str]:
+def _insert_due_redis(store: Any, count: int, *, due_at: datetime, channels: int, priority: int) -> list[str]:
     import uuid
 
     from bumail_queue.items import NewItem
@@ -341,6 +349,8 @@ def _insert_due_redis(store: Any, count: int, *, due_at: datetime) -> list[str]:
                 message=RAW_MESSAGE,
                 created_at=due_at,
                 next_attempt_at=due_at,
+                priority=priority,
+                channel="default" if channels == 1 else f"ch-{i % channels}",
             )
             for i in chunk
         ]
@@ -480,16 +490,19 @@ def exactly_once(seeded: Iterable[str], claimed: list[str]) -> tuple[bool, str]:
     return False, f"{twice} claimed more than once, {never} never claimed, {strangers} not due"
 
 
-def measure_claims(database_url: str, *, count: int, processes: int, limit: int) -> Sample:
-    """Queue ``count`` due items, claim them all with ``processes`` workers, check the result."""
+def measure_claims(
+    database_url: str, *, count: int, processes: int, limit: int, channels: int = 1, waiting: int = 0
+) -> Sample:
+    """Queue ``count`` due items, claim them all with ``processes`` workers, check the result
+    (``waiting``: how many items not due were queued before, and must be left alone)."""
     now = datetime.now(UTC)
-    seeded = insert_due(count, due_at=now - timedelta(minutes=5))
+    seeded = insert_due(count, due_at=now - timedelta(minutes=5), channels=channels)
     settle()
     seconds, latencies, claimed = run_claimers(database_url, processes=processes, limit=limit, now=now)
     ok, check = exactly_once(seeded, claimed)
     unleased = count_rows(lease_owner__isnull=True)
-    if unleased:
-        ok, check = False, f"{check}; {unleased:,} rows left unleased"
+    if unleased != waiting:
+        ok, check = False, f"{check}; {unleased:,} rows left unleased, not {waiting:,}"
     return Sample(items=len(claimed), seconds=seconds, latencies=latencies, calls=len(latencies), ok=ok, check=check)
 
 
@@ -576,6 +589,42 @@ def backlog_phase(database_url: str, n: int, rounds: int) -> list[Row]:
             row.ratio_to, row.ratio_label = rows[BACKLOGS[0]], f"of {BACKLOGS[0]:,} leased"
     for _ in range(rounds):
         backlog_round(database_url, n, rows)
+    reset_queue()
+    return list(rows.values())
+
+
+def lanes_phase(database_url: str, n: int, rounds: int) -> list[Row]:
+    """claim(limit=BATCH_LIMIT) by one process, the due items in 1, 10 and 100 channels,
+    and in one channel behind WAITING items not due yet at a higher priority."""
+    setup_django(database_url)
+    label = database_label()
+    count = n * BATCH_FACTOR
+    rows: dict[Any, Row] = {}
+    for channels in LANE_CHANNELS:
+        rows[channels] = Row(
+            benchmark=f"claim(limit={BATCH_LIMIT}) until none is left, due items in {channels} channel"
+            + ("s" if channels != 1 else ""),
+            database=label, processes=1, unit="items claimed/s",
+        )  # fmt: skip
+    rows["waiting"] = Row(
+        benchmark=f"claim(limit={BATCH_LIMIT}), 1 channel, behind {WAITING:,} items due in a day at priority 10",
+        database=label, processes=1, unit="items claimed/s",
+    )  # fmt: skip
+    for key, row in rows.items():
+        if key != LANE_CHANNELS[0]:
+            row.ratio_to, row.ratio_label = rows[LANE_CHANNELS[0]], "of 1 channel"
+    for _ in range(rounds):
+        for key, row in rows.items():
+            reset_queue()
+            if key == "waiting":
+                insert_due(WAITING, due_at=datetime.now(UTC) + timedelta(days=1), priority=10)
+                settle()
+            channels, waiting = (1, WAITING) if key == "waiting" else (key, 0)
+            row.samples.append(
+                measure_claims(
+                    database_url, count=count, processes=1, limit=BATCH_LIMIT, channels=channels, waiting=waiting
+                )
+            )
     reset_queue()
     return list(rows.values())
 
@@ -712,6 +761,10 @@ def main(argv: list[str] | None = None) -> int:
                     rows += in_child(claim_phase, redis_url, args.n, args.rounds)
             if "backlog" in args.only:
                 rows += in_child(backlog_phase, postgres_url, args.n, args.rounds)
+            if "lanes" in args.only:
+                rows += in_child(lanes_phase, postgres_url, args.n, args.rounds)
+                if redis_url is not None:
+                    rows += in_child(lanes_phase, redis_url, args.n, args.rounds)
         finally:
             drop_bench_database(args.postgres)
     except BenchError as error:

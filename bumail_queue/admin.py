@@ -51,7 +51,7 @@ from django.utils.translation import gettext_lazy, ngettext
 from . import delivery_log
 from .conf import get_settings
 from .errors import QueueError
-from .items import QueueItem, Recipient, RecipientStatus, reply_line
+from .items import QueueItem, Recipient, RecipientStatus, check_channel, check_priority, reply_line
 from .models import DeliveryLog, Item
 from .models import Suppression as SuppressionModel
 from .preview import HeadSummary, preview, srcdoc_for, summarize_head
@@ -145,6 +145,42 @@ def _recipient_rows(recipients: Sequence[Recipient], hosts: dict[str, str] | Non
         )
         for r in recipients
     ]
+
+
+def _lane_from(request: HttpRequest) -> tuple[str | None, int | None]:
+    """The channel and priority the list is filtered by; a value no item can have is none."""
+    try:
+        channel: str | None = check_channel(request.GET.get("channel") or "")
+    except QueueError:
+        channel = None
+    try:
+        priority: int | None = check_priority(int(request.GET.get("priority") or ""))
+    except (ValueError, QueueError):
+        priority = None
+    return channel, priority
+
+
+#: A filter's choice as the list's template draws it: value, label, URL, selected.
+_Choice = tuple[Any, str, str, bool]
+
+
+def _lane_filters(
+    link: Callable[..., str], channel: str | None, priority: int | None, lanes: Sequence[tuple[str, int]]
+) -> list[tuple[str, str, list[_Choice]]]:
+    """The channel and priority filters, each once there is more than one value to
+    choose from (or one is chosen): ``(name, title, [(value, label, url, selected)])``."""
+    channels = sorted({c for c, _ in lanes} | ({channel} if channel else set()))
+    priorities = sorted({p for _, p in lanes} | ({priority} if priority is not None else set()), reverse=True)
+    filters: list[tuple[str, str, list[_Choice]]] = []
+    if len(channels) > 1 or channel:
+        by_channel: list[_Choice] = [(c, c, link(channel=c, p=1), channel == c) for c in channels]
+        every_channel: _Choice = (None, _("All"), link(channel=None, p=1), channel is None)
+        filters.append(("channel", _("By channel"), [every_channel, *by_channel]))
+    if len(priorities) > 1 or priority is not None:
+        by_priority: list[_Choice] = [(p, str(p), link(priority=str(p), p=1), priority == p) for p in priorities]
+        every_priority: _Choice = (None, _("All"), link(priority=None, p=1), priority is None)
+        filters.append(("priority", _("By priority"), [every_priority, *by_priority]))
+    return filters
 
 
 def _ids_from(request: HttpRequest) -> list[str]:
@@ -242,6 +278,7 @@ class ItemAdmin(_ItemAdminBase):
         state = state_value if state_value in set(ItemState) else None
         domain = (request.GET.get("domain") or "").strip()[:255]
         text = (request.GET.get("q") or "").strip()[:320]
+        channel, priority = _lane_from(request)
         try:
             page = max(1, int(request.GET.get("p", "1")))
         except ValueError:
@@ -249,13 +286,22 @@ class ItemAdmin(_ItemAdminBase):
         per_page = self.list_per_page
         # One item more than the page: whether there is a next page, without a count.
         found = queue.search(
-            state=state, domain=domain or None, text=text or None, offset=(page - 1) * per_page, limit=per_page + 1
+            state=state,
+            domain=domain or None,
+            text=text or None,
+            channel=channel,
+            priority=priority,
+            offset=(page - 1) * per_page,
+            limit=per_page + 1,
         )
         items, has_next = found[:per_page], len(found) > per_page
         rows = self._rows(items, now)
-        filtered = bool(state or domain or text)
+        filtered = bool(state or domain or text or channel) or priority is not None
         total = None if filtered else queue.store.estimated_count()
-        params = {key: value for key, value in (("state", state or ""), ("domain", domain), ("q", text)) if value}
+        given = (("state", state or ""), ("domain", domain), ("q", text), ("channel", channel or ""))
+        params = {key: value for key, value in given if value}
+        if priority is not None:
+            params["priority"] = str(priority)
 
         def link(**changes: Any) -> str:
             merged = {**params, **changes}
@@ -276,7 +322,8 @@ class ItemAdmin(_ItemAdminBase):
             params=params,
             state_choices=[(None, _("All"), link(state=None, p=1), state is None)]
             + [(s.value, s.label, link(state=s.value, p=1), state == s.value) for s in ItemState],
-            clear_url=link(state=None, domain=None, q=None, p=1) if filtered else None,
+            lane_filters=_lane_filters(link, channel, priority, queue.store.lanes()),
+            clear_url=link(state=None, domain=None, q=None, channel=None, priority=None, p=1) if filtered else None,
             actions=[(RETRY, _("Retry now"))] * self.has_change_permission(request)
             + [(CANCEL, _("Cancel…"))] * self.has_delete_permission(request),
             media=self.media,

@@ -14,6 +14,7 @@ from django.core.mail import EmailMessage
 from django.core.mail.backends.base import BaseEmailBackend
 
 from .errors import ErrorCode, QueueConfigurationError, QueueError
+from .items import DEFAULT_CHANNEL, DEFAULT_PRIORITY, check_channel, check_priority
 
 # Django 6.1 reports unknown MAILERS OPTIONS itself (InvalidMailer); before it, we do.
 _DJANGO_CHECKS_OPTIONS = hasattr(django.core.mail, "mailers")
@@ -26,17 +27,32 @@ _LEGACY_CONNECTION_KWARGS = frozenset({"username", "password"})
 class QueueEmailBackend(BaseEmailBackend):
     """Queue every message it is given; ``send_messages`` returns how many were queued.
 
-    It takes no ``OPTIONS``: an unknown one is refused (``InvalidMailer`` on Django
-    6.1, ``QueueConfigurationError`` before). ``fail_silently``, where Django still
-    passes it, turns a refused enqueue into a return value of 0.
+    Its options (``MAILERS`` ``OPTIONS`` on Django 6.1, ``get_connection()``'s keyword
+    arguments before) are ``priority`` and ``channel``, given to every message it
+    queues (``queue.enqueue``'s arguments). A value that is none of theirs is a
+    ``QueueConfigurationError``; an unknown option is refused (``InvalidMailer`` on
+    Django 6.1, ``QueueConfigurationError`` before). ``fail_silently``, where Django
+    still passes it, turns a refused enqueue into a return value of 0.
     """
 
-    def __init__(self, fail_silently: bool = False, **kwargs: Any) -> None:  # noqa: FBT001, FBT002 - Django's signature
+    def __init__(
+        self,
+        fail_silently: bool = False,  # noqa: FBT001, FBT002 - Django's signature
+        *,
+        priority: int = DEFAULT_PRIORITY,
+        channel: str = DEFAULT_CHANNEL,
+        **kwargs: Any,
+    ) -> None:
+        try:
+            self.priority = check_priority(priority, "QueueEmailBackend's option 'priority'")
+            self.channel = check_channel(channel, "QueueEmailBackend's option 'channel'")
+        except QueueError as error:
+            raise QueueConfigurationError(error.message) from None
         if not _DJANGO_CHECKS_OPTIONS:
             unknown = sorted(set(kwargs) - _LEGACY_CONNECTION_KWARGS)
             if unknown:
                 raise QueueConfigurationError(
-                    f"QueueEmailBackend takes no options; got {', '.join(map(repr, unknown))}."
+                    f"QueueEmailBackend takes the options 'priority' and 'channel'; got {', '.join(map(repr, unknown))}."
                 )
             super().__init__(fail_silently=fail_silently)
         else:
@@ -54,7 +70,7 @@ class QueueEmailBackend(BaseEmailBackend):
         if not messages:
             return 0
         try:
-            return len(queue.enqueue_many(messages))
+            return len(queue.enqueue_many(messages, priority=self.priority, channel=self.channel))
         except QueueError as error:
             # fail_silently covers a refused send, never a broken configuration.
             if self.fail_silently and error.code != ErrorCode.INVALID_OPTION:

@@ -29,7 +29,8 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .addresses import normal_domain
-from .errors import QueueConfigurationError
+from .errors import QueueConfigurationError, QueueError
+from .items import check_priority
 from .shaping import DEFAULT_PATTERN, SLOW_START_INITIAL, Limits, parse_rate
 from .sts import STSMode
 
@@ -50,6 +51,9 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "LEASE_SECONDS": 600,
     "MAX_AGE": timedelta(days=5),
     "DELAY_WARNING": timedelta(hours=4),
+    # The priority of the DSNs the worker sends (-100 to 100); each goes in the
+    # channel of the mail it reports on.
+    "DSN_PRIORITY": 0,
     "MAX_ITEMS": None,
     "MAX_MESSAGE_SIZE": 25 * 1024 * 1024,
     # Postfix's smtpd_recipient_limit.
@@ -251,6 +255,7 @@ class QueueSettings:
     lease_seconds: int
     max_age: timedelta
     delay_warning: timedelta
+    dsn_priority: int
     max_items: int | None
     max_message_size: int
     max_recipients: int
@@ -630,6 +635,11 @@ def validate(raw: Any) -> list[Problem]:
             "POLL_SECONDS",
             f"BUMAIL_QUEUE['POLL_SECONDS'] must be a number of seconds above 0 and at most 3600; got {poll!r}.",
         )
+    dsn_priority = raw.get("DSN_PRIORITY", DEFAULTS["DSN_PRIORITY"])
+    try:
+        check_priority(dsn_priority, "BUMAIL_QUEUE['DSN_PRIORITY']")
+    except QueueError as error:
+        check.add("bumail_queue.E031", "DSN_PRIORITY", error.message)
     if not isinstance(raw.get("DELIVERY_LOG", DEFAULTS["DELIVERY_LOG"]), bool):
         check.add(
             "bumail_queue.E020",
@@ -998,6 +1008,7 @@ def load(raw: Any) -> QueueSettings:
         lease_seconds=values["LEASE_SECONDS"],
         max_age=_as_timedelta(values["MAX_AGE"]),
         delay_warning=_as_timedelta(values["DELAY_WARNING"]),
+        dsn_priority=values["DSN_PRIORITY"],
         max_items=values["MAX_ITEMS"],
         max_message_size=values["MAX_MESSAGE_SIZE"],
         max_recipients=values["MAX_RECIPIENTS"],

@@ -8,9 +8,47 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
+
+from .errors import ErrorCode, QueueError
+
+#: The lowest and highest priority an item may have; higher is claimed first.
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
+#: The priority of an item nobody gave one (Django's task framework says the same).
+DEFAULT_PRIORITY = 0
+#: The channel of an item nobody gave one.
+DEFAULT_CHANNEL = "default"
+#: The longest channel name.
+CHANNEL_MAX_LENGTH = 64
+# A name an operator can type and a Redis key or a URL can hold as it is.
+_CHANNEL = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._:-]{{0,{CHANNEL_MAX_LENGTH - 1}}}")
+
+
+def check_priority(priority: Any, what: str = "'priority'") -> int:
+    """Return ``priority``, or raise ``QueueError(INVALID)`` for one that is not a whole
+    number from ``PRIORITY_MIN`` to ``PRIORITY_MAX`` (a ``bool`` is none)."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise QueueError(
+            ErrorCode.INVALID,
+            f"{what} must be a whole number from {PRIORITY_MIN} to {PRIORITY_MAX} (higher goes first); "
+            f"got {priority!r}.",
+        )
+    return priority
+
+
+def check_channel(channel: Any, what: str = "'channel'") -> str:
+    """Return ``channel``, or raise ``QueueError(INVALID)`` for a name that is not 1 to 64
+    ASCII letters, digits, ``.``, ``_``, ``:`` and ``-``, starting with a letter or digit."""
+    if not isinstance(channel, str) or not _CHANNEL.fullmatch(channel):
+        raise QueueError(
+            ErrorCode.INVALID,
+            f"{what} must be a name of 1 to {CHANNEL_MAX_LENGTH} ASCII letters, digits, '.', '_', ':' and '-', "
+            f"starting with a letter or digit; got {channel!r}.",
+        )
+    return channel
 
 
 class RecipientStatus(enum.StrEnum):
@@ -113,6 +151,8 @@ class QueueItem:
     lease_owner: str | None = None
     lease_expires_at: datetime | None = None
     key: str | None = None
+    priority: int = DEFAULT_PRIORITY
+    channel: str = DEFAULT_CHANNEL
 
     @property
     def pending_recipients(self) -> list[Recipient]:
@@ -140,6 +180,8 @@ class NewItem:
     created_at: datetime
     next_attempt_at: datetime
     key: str | None = None
+    priority: int = DEFAULT_PRIORITY
+    channel: str = DEFAULT_CHANNEL
 
     @property
     def size(self) -> int:
@@ -156,7 +198,89 @@ class NewItem:
             created_at=self.created_at,
             next_attempt_at=self.next_attempt_at,
             key=self.key,
+            priority=self.priority,
+            channel=self.channel,
         )
+
+
+_Due = TypeVar("_Due")
+
+
+def fair_order(
+    due: Iterable[_Due],
+    *,
+    limit: int,
+    lane: Callable[[_Due], tuple[str, int]],
+    place: Callable[[_Due], Any],
+    after: str = "",
+) -> list[_Due]:
+    """Return the first ``limit`` of the ``due`` items in the order a claim takes them.
+
+    Channels take turns: each channel's items are ranked, the higher priority first,
+    then by ``place`` (when due, then how old: ``(next_attempt_at, seq)``), and the
+    first of every channel comes before the second of any. Within a turn the higher
+    priority goes first, then the channels round-robin: those whose name comes after
+    ``after`` (the channel the previous claim ended with), then the others, by name.
+    ``lane`` gives an item's ``(channel, priority)``.
+
+    Every store claims in this order; this is the plain-Python form, for a store that
+    reads each lane's first ``limit`` due items and merges them (``limit`` per lane is
+    enough: no channel gets more than ``limit`` turns).
+    """
+    if limit < 1:
+        return []
+    by_channel: dict[str, list[tuple[int, Any, _Due]]] = {}
+    for entry in due:
+        channel, priority = lane(entry)
+        by_channel.setdefault(channel, []).append((-priority, place(entry), entry))
+    ranked: list[tuple[int, int, bool, str, _Due]] = []
+    for channel, entries in by_channel.items():
+        entries.sort(key=lambda e: (e[0], e[1]))
+        wrapped = channel <= after
+        ranked.extend((turn, rank, wrapped, channel, entry) for turn, (rank, _, entry) in enumerate(entries[:limit]))
+    ranked.sort(key=lambda e: (e[0], e[1], e[2], e[3]))
+    return [entry for *_, entry in ranked[:limit]]
+
+
+def fair_shares(lanes: Iterable[tuple[str, int, int]], *, limit: int, after: str = "") -> dict[tuple[str, int], int]:
+    """Return how many of each lane's first due items a claim of ``limit`` takes.
+
+    ``lanes`` gives each lane's ``(channel, priority, due)``, ``due`` the number of its
+    items due (it may stop at ``limit``). Taking, from each lane, the number returned
+    for it, earliest due first, takes the items ``fair_order`` would take from every
+    lane's due items: a store counts first, then reads only what it takes.
+    """
+    if limit < 1:
+        return {}
+    by_channel: dict[str, list[tuple[int, int]]] = {}
+    for channel, priority, due in lanes:
+        if due > 0:
+            by_channel.setdefault(channel, []).append((priority, min(due, limit)))
+    totals = {channel: min(limit, sum(due for _, due in sources)) for channel, sources in by_channel.items()}
+    # The turns the claim reaches: the fewest whose items fill it, found by bisection.
+    turns = limit
+    if sum(totals.values()) > limit:
+        low, high = 1, limit
+        while low < high:
+            middle = (low + high) // 2
+            if sum(min(total, middle) for total in totals.values()) >= limit:
+                high = middle
+            else:
+                low = middle + 1
+        turns = low
+    # Each channel's items up to that turn, in the order fair_order ranks them.
+    slots: list[tuple[int, int, bool, str, int]] = []
+    for channel, sources in by_channel.items():
+        wrapped, turn = channel <= after, 0
+        for priority, due in sorted(sources, key=lambda source: -source[0]):
+            for _ in range(min(due, turns - turn)):
+                turn += 1
+                slots.append((turn, -priority, wrapped, channel, priority))
+    slots.sort()
+    shares: dict[tuple[str, int], int] = {}
+    for *_, channel, priority in slots[:limit]:
+        shares[channel, priority] = shares.get((channel, priority), 0) + 1
+    return shares
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

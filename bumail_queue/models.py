@@ -11,7 +11,7 @@ from typing import Any
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from .items import QueueItem, Recipient, Reply, reply_line
+from .items import CHANNEL_MAX_LENGTH, DEFAULT_CHANNEL, DEFAULT_PRIORITY, QueueItem, Recipient, Reply, reply_line
 
 
 class Item(models.Model):
@@ -34,6 +34,15 @@ class Item(models.Model):
     lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
     # Bumped by every recorded outcome, so a worker whose read went stale retries.
     rev = models.PositiveIntegerField(default=0, editable=False)
+    # -100 to 100, higher claimed first (items.check_priority); channels take turns.
+    # The database keeps the defaults too, so that a process still running the code of
+    # before these columns (a rolling upgrade) adds rows that have them.
+    priority = models.SmallIntegerField(
+        _("priority"), default=DEFAULT_PRIORITY, db_default=DEFAULT_PRIORITY, editable=False
+    )
+    channel = models.CharField(
+        _("channel"), max_length=CHANNEL_MAX_LENGTH, default=DEFAULT_CHANNEL, db_default=DEFAULT_CHANNEL, editable=False
+    )
 
     class Meta:
         db_table = "bumail_queue_items"
@@ -51,6 +60,11 @@ class Item(models.Model):
             # item's next_attempt_at to its lease's expiry, so leased items leave the
             # front of this index and a backlog of leases never slows the claim.
             models.Index(fields=("next_attempt_at", "seq"), name="bumail_queue_items_due"),
+            # Serves the claim's lanes: a channel's items of one priority, due first.
+            # The claim finds the lanes by skipping through this index (one probe per
+            # lane) and reads the front of each, so a lane's items not due yet (the
+            # retries, the mail sent with at=) never stand between it and the next.
+            models.Index(fields=("channel", "priority", "next_attempt_at", "seq"), name="bumail_queue_items_lane"),
         )
 
     def __str__(self) -> str:
@@ -101,6 +115,8 @@ def item_from_row(row: dict[str, Any]) -> QueueItem:
         lease_owner=row["lease_owner"],
         lease_expires_at=row["lease_expires_at"],
         key=row["key"],
+        priority=row["priority"],
+        channel=row["channel"],
     )
 
 

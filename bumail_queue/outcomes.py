@@ -74,7 +74,9 @@ Clock = Callable[[], datetime]
 class Enqueue(Protocol):
     """Queues a message the worker wrote itself (a DSN); ``QueueService.enqueue`` is one."""
 
-    def __call__(self, message: bytes, *, sender: str, recipients: Sequence[str]) -> QueueItem: ...
+    def __call__(
+        self, message: bytes, *, sender: str, recipients: Sequence[str], priority: int, channel: str
+    ) -> QueueItem: ...
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -216,7 +218,7 @@ def store_enqueue(store: QueueStore, settings: QueueSettings, clock: Clock) -> E
     ``Message-ID`` and ``Date`` when missing), and due at once.
     """
 
-    def enqueue(message: bytes, *, sender: str, recipients: Sequence[str]) -> QueueItem:
+    def enqueue(message: bytes, *, sender: str, recipients: Sequence[str], priority: int, channel: str) -> QueueItem:
         now = clock()
         prepared = mime.from_bytes(
             message,
@@ -227,7 +229,8 @@ def store_enqueue(store: QueueStore, settings: QueueSettings, clock: Clock) -> E
             max_size=settings.max_message_size,
             max_recipients=settings.max_recipients,
         )
-        return store.add(prepared.new_item(now=now, next_attempt_at=now), max_items=settings.max_items)
+        new = prepared.new_item(now=now, next_attempt_at=now, priority=priority, channel=channel)
+        return store.add(new, max_items=settings.max_items)
 
     return enqueue
 
@@ -460,7 +463,11 @@ class Recorder:
                 now=now,
                 will_retry_until=item.created_at + self.settings.max_age if kind == "delayed" else None,
             )
-            dsn_item = self.enqueue(data, sender="", recipients=[item.sender])
+            # A report goes in the channel of the mail it reports on, so a bulk
+            # channel's bounces wait their turn there, at DSN_PRIORITY.
+            dsn_item = self.enqueue(
+                data, sender="", recipients=[item.sender], priority=self.settings.dsn_priority, channel=item.channel
+            )
             if self.meter is not None:
                 self.meter.dsn_sent(kind)
         except QueueError as error:

@@ -61,13 +61,16 @@ class ItemQuery:
     that item only, so that a store can find it by its key. A store may match more:
     the ORM and memory stores also look in the message's header block (its subject,
     its ``Message-ID``). ``domain`` matches an item with a recipient at that domain
-    (exactly, ignoring case). ``state`` is judged at ``now``.
+    (exactly, ignoring case). ``channel`` and ``priority`` match exactly. ``state``
+    is judged at ``now``.
     """
 
     now: datetime
     state: ItemState | None = None
     domain: str | None = None
     text: str | None = None
+    channel: str | None = None
+    priority: int | None = None
 
     def __post_init__(self) -> None:
         # Blank input is no filter; a domain is compared without case or trailing dot.
@@ -85,6 +88,10 @@ class ItemQuery:
         if self.state is not None and state_of(item, self.now) != self.state:
             return False
         if self.domain is not None and not any(domain_of(r.address) == self.domain for r in item.recipients):
+            return False
+        if self.channel is not None and item.channel != self.channel:
+            return False
+        if self.priority is not None and item.priority != self.priority:
             return False
         if self.item_id is not None:
             return item.id == self.item_id
@@ -154,13 +161,30 @@ class DomainShape:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class LaneCount:
+    """The items of one lane (a channel's items of one priority): all, and those due."""
+
+    channel: str
+    priority: int
+    total: int
+    due: int
+
+
+def lane_order(channel: str, priority: int) -> tuple[str, int]:
+    """The order lanes are listed in: by channel, the higher priority first."""
+    return (channel, -priority)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class QueueSummary:
     """Counts by state, the oldest item, and the queue's shape at ``now``.
 
     ``shape`` has one entry per destination domain with a recipient not final yet
     (pending or deferred), the most such recipients first; each counts them by the
     age of their item, in the buckets ``age_buckets`` bound (one more bucket than
-    bounds: the last holds everything older than the last bound).
+    bounds: the last holds everything older than the last bound). ``lanes`` counts
+    the items of each lane that holds one, in ``lane_order``; ``due`` there counts
+    those due and not being delivered, as ``due`` does for the whole queue.
     """
 
     now: datetime
@@ -171,6 +195,7 @@ class QueueSummary:
     pending_recipients: int
     age_buckets: tuple[timedelta, ...]
     shape: tuple[DomainShape, ...]
+    lanes: tuple[LaneCount, ...] = ()
 
     @property
     def bucket_totals(self) -> tuple[int, ...]:
@@ -191,6 +216,10 @@ class QueueSummary:
             "bucket_totals": list(self.bucket_totals),
             "domains": [{"domain": d.domain, "total": d.total, "buckets": list(d.buckets)} for d in shape],
             "domains_left_out": len(self.shape) - len(shape),
+            "lanes": [
+                {"channel": lane.channel, "priority": lane.priority, "total": lane.total, "due": lane.due}
+                for lane in self.lanes
+            ],
         }
 
 
@@ -233,14 +262,18 @@ def summarize(
     bounds = tuple(age_buckets)
     by_state = dict.fromkeys(ItemState, 0)
     counts: dict[tuple[str, int], int] = {}
+    lanes: dict[tuple[str, int], list[int]] = {}
     total = due = pending = 0
     oldest: datetime | None = None
     for item in items:
         total += 1
         state = state_of(item, now)
         by_state[state] += 1
+        lane = lanes.setdefault((item.channel, item.priority), [0, 0])
+        lane[0] += 1
         if state != ItemState.DELIVERING and item.next_attempt_at <= now:
             due += 1
+            lane[1] += 1
         if oldest is None or item.created_at < oldest:
             oldest = item.created_at
         index = bucket_index(now - item.created_at, bounds)
@@ -257,7 +290,15 @@ def summarize(
         pending_recipients=pending,
         age_buckets=bounds,
         shape=shape_from_counts(counts, len(bounds) + 1),
+        lanes=lane_counts((channel, priority, n, d) for (channel, priority), (n, d) in lanes.items()),
     )
+
+
+def lane_counts(rows: Iterable[tuple[str, int, int, int]]) -> tuple[LaneCount, ...]:
+    """Return the ``LaneCount`` of each ``(channel, priority, total, due)``, in ``lane_order``."""
+    counted = [LaneCount(channel=c, priority=p, total=n, due=d) for c, p, n, d in rows]
+    counted.sort(key=lambda lane: lane_order(lane.channel, lane.priority))
+    return tuple(counted)
 
 
 #: The recipients ``QueueGauges`` counts: those not final yet.

@@ -18,7 +18,7 @@ from . import mime, signals
 from .addresses import domain_of, domain_problem, mailbox_problem, normal_address
 from .conf import QueueSettings, get_settings, normalise_domain
 from .errors import ErrorCode, QueueError, first_line
-from .items import NewItem, QueueItem, Reply
+from .items import DEFAULT_CHANNEL, DEFAULT_PRIORITY, NewItem, QueueItem, Reply, check_channel, check_priority
 from .queries import AGE_BUCKETS, ItemQuery, ItemState, QueueSummary, RetryResult
 from .shaping import DestinationState
 from .stores import QueueStore, get_store
@@ -72,19 +72,18 @@ class QueueService:
         recipients: Sequence[str] | None = None,
         at: datetime | None = None,
         key: str | None = None,
+        priority: int = DEFAULT_PRIORITY,
+        channel: str = DEFAULT_CHANNEL,
         now: datetime | None = None,
+        settings: QueueSettings | None = None,
     ) -> NewItem:
         """Check a message and build the item to add; nothing is written."""
-        settings = self.settings
+        settings = settings or self.settings
         now = now or self.clock()
-        if at is not None and (not isinstance(at, datetime) or timezone.is_naive(at)):
-            raise QueueError(
-                ErrorCode.INVALID, "'at' must be an aware datetime (USE_TZ); got a naive one or another type."
-            )
-        if key is not None:
-            if not isinstance(key, str) or not 0 < len(key) <= 255:
-                raise QueueError(ErrorCode.INVALID, "'key' must be a string of 1 to 255 characters.")
-            require_keepable(key, "idempotency key")
+        _check_at(at)
+        _check_key(key)
+        check_priority(priority)
+        check_channel(channel)
         limits = {"max_size": settings.max_message_size, "max_recipients": settings.max_recipients}
         if isinstance(message, EmailMessage):
             prepared = mime.from_email_message(
@@ -94,7 +93,13 @@ class QueueService:
             prepared = mime.from_bytes(
                 message, sender=sender, recipients=recipients, hostname=settings.hostname, now=now, **limits
             )
-        return prepared.new_item(now=now, next_attempt_at=max(at, now) if at is not None else now, key=key)
+        return prepared.new_item(
+            now=now,
+            next_attempt_at=max(at, now) if at is not None else now,
+            key=key,
+            priority=priority,
+            channel=channel,
+        )
 
     def enqueue(
         self,
@@ -104,10 +109,26 @@ class QueueService:
         recipients: Sequence[str] | None = None,
         at: datetime | None = None,
         key: str | None = None,
+        priority: int = DEFAULT_PRIORITY,
+        channel: str = DEFAULT_CHANNEL,
     ) -> QueueItem:
-        """Queue one message; return its item (the existing one for a known ``key``)."""
-        item = self.prepare(message, sender=sender, recipients=recipients, at=at, key=key)
-        store, max_items = self.store, self.settings.max_items
+        """Queue one message; return its item (the existing one for a known ``key``).
+
+        ``priority`` (-100 to 100, higher first) orders the due items of a channel;
+        the channels with due mail take turns (``channel``, a name of your choice).
+        """
+        settings = self.settings
+        item = self.prepare(
+            message,
+            sender=sender,
+            recipients=recipients,
+            at=at,
+            key=key,
+            priority=priority,
+            channel=channel,
+            settings=settings,
+        )
+        store, max_items = self.store, settings.max_items
         if _on_commit(store):
             transaction.on_commit(lambda: self._send_tasks_for([store.add(item, max_items=max_items)], store))
             return item.to_queue_item()
@@ -115,11 +136,45 @@ class QueueService:
         self._send_tasks_for([added], store)
         return added
 
-    def enqueue_many(self, messages: Sequence[EmailMessage | bytes]) -> builtins.list[QueueItem]:
-        """Queue several messages in one step: all of them, or none."""
-        now = self.clock()
-        items = [self.prepare(message, now=now) for message in messages]
-        store, max_items = self.store, self.settings.max_items
+    def enqueue_many(
+        self,
+        messages: Sequence[EmailMessage | bytes],
+        *,
+        sender: str | None = None,
+        recipients: Sequence[str] | None = None,
+        at: datetime | None = None,
+        keys: Sequence[str | None] | None = None,
+        priority: int = DEFAULT_PRIORITY,
+        channel: str = DEFAULT_CHANNEL,
+    ) -> builtins.list[QueueItem]:
+        """Queue several messages in one step, all of them or none; return their items.
+
+        The arguments are ``enqueue``'s, each given to every message, but for the
+        idempotency keys: ``keys``, one per message (``None`` for a message without).
+        Every message is checked before any is written; the store writes the batch in
+        one statement (PostgreSQL) or one script (Redis).
+        """
+        if isinstance(messages, EmailMessage | bytes):
+            raise QueueError(ErrorCode.INVALID, "'messages' must be a list of messages, not one message.")
+        messages = builtins.list(messages)
+        if keys is not None and (isinstance(keys, str) or len(keys) != len(messages)):
+            raise QueueError(ErrorCode.INVALID, "'keys' must be a list with one key (or None) per message.")
+        settings, now = self.settings, self.clock()
+        items = [
+            self.prepare(
+                message,
+                sender=sender,
+                recipients=recipients,
+                at=at,
+                key=None if keys is None else keys[index],
+                priority=priority,
+                channel=channel,
+                now=now,
+                settings=settings,
+            )
+            for index, message in enumerate(messages)
+        ]
+        store, max_items = self.store, settings.max_items
         if _on_commit(store) and items:
             transaction.on_commit(lambda: self._send_tasks_for(store.add_many(items, max_items=max_items), store))
             return [item.to_queue_item() for item in items]
@@ -267,13 +322,22 @@ class QueueService:
         state: ItemState | str | None = None,
         domain: str | None = None,
         text: str | None = None,
+        channel: str | None = None,
+        priority: int | None = None,
         offset: int = 0,
         limit: int = 100,
     ) -> builtins.list[QueueItem]:
         """Return a page of the items that match, earliest due first (see ``ItemQuery``)."""
         if offset < 0 or limit < 0:
             raise QueueError(ErrorCode.INVALID, "'offset' and 'limit' must be 0 or more.")
-        query = ItemQuery(now=self.clock(), state=None if state is None else ItemState(state), domain=domain, text=text)
+        query = ItemQuery(
+            now=self.clock(),
+            state=None if state is None else ItemState(state),
+            domain=domain,
+            text=text,
+            channel=None if channel is None else check_channel(channel),
+            priority=None if priority is None else check_priority(priority),
+        )
         return self.store.search(query, offset=offset, limit=limit)
 
     def summary(self, *, age_buckets: Sequence[timedelta] = AGE_BUCKETS) -> QueueSummary:
@@ -407,6 +471,18 @@ class QueueService:
             claim_seconds=claim_seconds,
         )
         return worker.run_until_idle()
+
+
+def _check_at(at: datetime | None) -> None:
+    if at is not None and (not isinstance(at, datetime) or timezone.is_naive(at)):
+        raise QueueError(ErrorCode.INVALID, "'at' must be an aware datetime (USE_TZ); got a naive one or another type.")
+
+
+def _check_key(key: str | None) -> None:
+    if key is not None:
+        if not isinstance(key, str) or not 0 < len(key) <= 255:
+            raise QueueError(ErrorCode.INVALID, "'key' must be a string of 1 to 255 characters.")
+        require_keepable(key, "idempotency key")
 
 
 def _recipient_domain(domain: str) -> str:

@@ -229,7 +229,9 @@ def postgres_worker_idle(owner):
     """Whether the worker ``owner`` is idle on PostgreSQL: its last claim has ended and
     its listener waits on ``LISTEN``, so only a notification or its poll wakes it.
 
-    Queries are sent with their values in the text, so the claim names its owner.
+    Queries are sent with their values in the text, so a claim's lease names its owner.
+    A claim that finds nothing due ends at its first statement, the lanes' counts, which
+    names none: for the tests of one worker, such a connection is that worker's.
     """
 
     def idle():
@@ -239,7 +241,7 @@ def postgres_worker_idle(owner):
                 "WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'idle'"
             )
             queries = [query for (query,) in cursor.fetchall()]
-        claimed = any("SKIP LOCKED" in query and owner in query for query in queries)
+        claimed = any(("SKIP LOCKED" in query and owner in query) or "due_lanes" in query for query in queries)
         listening = any(query.lstrip().upper().startswith("LISTEN") for query in queries)
         return claimed and listening
 

@@ -172,6 +172,54 @@ def test_the_list_filters_and_searches(superuser_client, store_name, params, exp
         assert "No queued item matches." in page
 
 
+def test_the_list_filters_by_channel_and_priority(superuser_client, store_name):
+    plain = queue.enqueue(newsletter(subject="Plain"))
+    weekly = queue.enqueue(newsletter(subject="Weekly"), channel="newsletter", priority=-5)
+    digest = queue.enqueue(newsletter(subject="Digest"), channel="newsletter")
+    alert = queue.enqueue(newsletter(subject="Alert"), channel="alerts", priority=50)
+    items = {"plain": plain, "weekly": weekly, "digest": digest, "alert": alert}
+
+    def shown(**params):
+        page = text_of(superuser_client.get(LIST, params))
+        return {name for name, item in items.items() if f'data-item-id="{item.id}"' in page}
+
+    assert shown() == set(items)
+    assert shown(channel="newsletter") == {"weekly", "digest"}
+    assert shown(priority="-5") == {"weekly"}
+    assert shown(channel="newsletter", priority="0") == {"digest"}
+    assert shown(channel="alerts", priority="-5") == set()
+    # A value no item can have is no filter.
+    assert shown(channel="not a channel", priority="1000") == set(items)
+
+    page = text_of(superuser_client.get(LIST, {"channel": "newsletter"}))
+
+    def choices(title):
+        block = re.search(rf'data-filter-title="{title}" open>(.*?)</details>', page, re.S).group(1)
+        return re.findall(r'<li( class="selected")?><a href="\?([^"]*)">([^<]+)</a>', block)
+
+    assert choices("channel") == [
+        ("", "", "All"),
+        ("", "channel=alerts", "alerts"),
+        ("", "channel=default", "default"),
+        (' class="selected"', "channel=newsletter", "newsletter"),
+    ]
+    assert choices("priority") == [
+        (' class="selected"', "channel=newsletter", "All"),
+        ("", "channel=newsletter&priority=50", "50"),
+        ("", "channel=newsletter&priority=0", "0"),
+        ("", "channel=newsletter&priority=-5", "-5"),
+    ]
+    row = re.search(rf'<tr data-item-id="{weekly.id}">(.*?)</tr>', page, re.S).group(1)
+    assert "newsletter · -5" in row
+    plain_page = text_of(superuser_client.get(LIST, {"channel": "default"}))
+    row = re.search(rf'<tr data-item-id="{plain.id}">(.*?)</tr>', plain_page, re.S).group(1)
+    assert "bq-lane" not in row  # the default channel at the default priority says nothing
+
+    item_page = text_of(superuser_client.get(item_url(alert.id)))
+    assert re.search(r"Channel</th><td><a [^>]*>alerts</a>", item_page)
+    assert "Priority</th><td>50 " in item_page
+
+
 def test_search_by_id_finds_the_item(superuser_client, store_name):
     wanted = queue.enqueue(newsletter())
     queue.enqueue(newsletter())
@@ -214,9 +262,10 @@ def test_the_list_query_count_is_fixed(superuser_client, settings, django_assert
     settings.BUMAIL_QUEUE = {"HOSTNAME": "mta.example.com"}
     queue.enqueue_many([newsletter(to=f"r{n}@example.org") for n in range(20)])
     superuser_client.get(LIST)
-    # The session, the user, the page of items, their messages' heads, the count (on
-    # PostgreSQL, the planner's estimate first: it is counted only while small).
-    with django_assert_num_queries(6 if connection.vendor == "postgresql" else 5):
+    # The session, the user, the page of items, their messages' heads, the lanes (the
+    # filters' channels and priorities), the count (on PostgreSQL, the planner's
+    # estimate first: it is counted only while small).
+    with django_assert_num_queries(7 if connection.vendor == "postgresql" else 6):
         superuser_client.get(LIST)
 
 

@@ -156,7 +156,7 @@ def test_unknown_options_are_refused():
     with pytest.raises(QueueConfigurationError) as info:
         mail.get_connection(BACKEND, host="smtp.example.com", use_tls=True)
     assert info.value.code == ErrorCode.INVALID_OPTION
-    assert "QueueEmailBackend takes no options" in info.value.message
+    assert "QueueEmailBackend takes the options 'priority' and 'channel'" in info.value.message
     assert "'host'" in info.value.message
     assert "'use_tls'" in info.value.message
     # send_mail(auth_user=..., auth_password=...) passes these; they are ignored.

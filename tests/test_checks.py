@@ -115,6 +115,9 @@ def test_the_check_command_reports_every_problem():
         ({**HOST, "TLS_CA_FILE": "/no/such/ca.pem"}, "bumail_queue.E027"),
         ({**HOST, "SUPPRESSION_DURATION": timedelta(0)}, "bumail_queue.E030"),
         ({**HOST, "SUPPRESSION_DSN": "no"}, "bumail_queue.E030"),
+        ({**HOST, "DSN_PRIORITY": 101}, "bumail_queue.E031"),
+        ({**HOST, "DSN_PRIORITY": "high"}, "bumail_queue.E031"),
+        ({**HOST, "DSN_PRIORITY": True}, "bumail_queue.E031"),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )

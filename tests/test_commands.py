@@ -85,6 +85,31 @@ def test_queue_status_text(store_name):
     assert {line.split()[0] for line in lines[-2:]} == {"fast.example", "other.example"}
 
 
+def test_queue_status_shows_each_channel_and_priority(store_name):
+    fill()
+    raw = b"From: app@example.com\r\nSubject: Hi\r\n\r\nHi.\r\n"
+    for n in range(3):
+        queue.enqueue(
+            raw, sender="app@example.com", recipients=[f"r{n}@example.org"], channel="newsletter", priority=-10
+        )
+    queue.enqueue(raw, sender="app@example.com", recipients=["ops@example.org"], channel="alerts", priority=50)
+    lines = status().splitlines()
+    start = lines.index("Items by channel and priority (channels take turns, the higher priority first in each):")
+    table = [line.split() for line in lines[start + 2 : lines.index("", start + 2)]]
+    assert table == [
+        ["channel", "priority", "items", "due"],
+        ["alerts", "50", "1", "1"],
+        ["default", "0", "3", "1"],
+        ["newsletter", "-10", "3", "3"],
+    ]
+    data = json.loads(status("--json"))
+    assert data["lanes"] == [
+        {"channel": "alerts", "priority": 50, "total": 1, "due": 1},
+        {"channel": "default", "priority": 0, "total": 3, "due": 1},
+        {"channel": "newsletter", "priority": -10, "total": 3, "due": 3},
+    ]
+
+
 def test_queue_status_top_leaves_domains_out(store_name):
     fill()
     text = status("--top", "1")
@@ -112,6 +137,7 @@ def test_queue_status_of_an_empty_queue(store_name):
         "The queue is empty.",
     ]
     assert json.loads(status("--json"))["domains"] == []
+    assert json.loads(status("--json"))["lanes"] == []
 
 
 def test_queue_worker_on_the_command_line_spares_the_collector_its_start_up_objects():

@@ -49,7 +49,7 @@ from django.core.checks import CheckMessage
 from bumail_queue.addresses import domain_of, u_labels
 from bumail_queue.conf import QueueSettings, normalise_domain
 from bumail_queue.errors import ErrorCode, QueueError
-from bumail_queue.items import AttemptResult, NewItem, QueueItem, RecipientStatus
+from bumail_queue.items import AttemptResult, NewItem, QueueItem, RecipientStatus, check_channel, check_priority
 from bumail_queue.queries import (
     AGE_BUCKETS,
     ItemCount,
@@ -58,6 +58,7 @@ from bumail_queue.queries import (
     QueueSummary,
     RetryResult,
     gauges_of,
+    lane_order,
     summarize,
 )
 from bumail_queue.shaping import DestinationState, Permit, PermitRequest, WindowChange
@@ -154,8 +155,12 @@ class QueueStore(abc.ABC):
     def claim(self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1) -> builtins.list[QueueItem]:
         """Lease up to ``limit`` items due at ``now`` to ``owner`` until ``lease_until``.
 
-        The earliest due come first, then the oldest; an item is due when its
-        ``next_attempt_at`` has passed and no unexpired lease holds it.
+        An item is due when its ``next_attempt_at`` has passed and no unexpired lease
+        holds it. The due items are taken, and returned, in ``items.fair_order``:
+        channels in turn, and in each channel the higher priority first, then the
+        earliest due, then the oldest. A claim costs what the queue's size does to an
+        index lookup, whatever the number of items due or waiting: it reads the front
+        of each lane (a channel's items of one priority), never a whole lane.
         """
 
     def claim_items(
@@ -248,6 +253,12 @@ class QueueStore(abc.ABC):
     def summary(self, *, now: datetime, age_buckets: Sequence[timedelta] = AGE_BUCKETS) -> QueueSummary:
         """Return the counts by state, the oldest item and the queue's shape at ``now``."""
         return summarize(self._scan(), now=now, age_buckets=age_buckets)
+
+    def lanes(self) -> builtins.list[tuple[str, int]]:
+        """Return the lanes that hold an item, ``(channel, priority)`` each, in
+        ``queries.lane_order`` (the admin's filters offer them)."""
+        held = {(item.channel, item.priority) for item in self._scan()}
+        return sorted(held, key=lambda lane: lane_order(*lane))
 
     def gauges(self, *, now: datetime) -> QueueGauges:
         """Return what a monitor reads of the queue at ``now`` (``bumail_queue.metrics``).
@@ -458,6 +469,8 @@ class QueueStore(abc.ABC):
             require_keepable(item.key, "idempotency key")
         if not item.recipients:
             raise QueueError(ErrorCode.INVALID, "An item needs at least one recipient.")
+        check_priority(item.priority, "An item's priority")
+        check_channel(item.channel, "An item's channel")
 
     @staticmethod
     def validate_owner(owner: str) -> str:

@@ -13,8 +13,8 @@ from typing import Any
 from bumail_queue.addresses import normal_address
 from bumail_queue.conf import QueueSettings
 from bumail_queue.errors import ErrorCode, QueueError
-from bumail_queue.items import AttemptResult, NewItem, QueueItem
-from bumail_queue.queries import SEARCH_HEAD_BYTES, ItemQuery, QueueGauges, gauges_of, headers_contain
+from bumail_queue.items import AttemptResult, NewItem, QueueItem, fair_order
+from bumail_queue.queries import SEARCH_HEAD_BYTES, ItemQuery, QueueGauges, gauges_of, headers_contain, lane_order
 from bumail_queue.shaping import Bucket, DestinationState, Permit, PermitRequest, WindowChange, seconds
 from bumail_queue.sts import STSPolicy, TLSSessionCount
 from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate, address_holds, search_form
@@ -43,6 +43,7 @@ class MemoryStore(QueueStore):
         self._entries: dict[str, _Entry] = {}
         self._id_by_key: dict[str, str] = {}
         self._seq = itertools.count(1)
+        self._last_channel = ""  # where the channels' round-robin stands
         self._sts_policies: dict[str, STSPolicy] = {}
         self._tls_counts: dict[tuple[Any, ...], TLSSessionCount] = {}
         # The suppression list by normal address, and the notes of a first expiry (until when).
@@ -121,6 +122,11 @@ class MemoryStore(QueueStore):
             ]
             return [self._copy(item) for item in matched[offset : offset + limit]]
 
+    def lanes(self) -> builtins.list[tuple[str, int]]:
+        with self._lock:
+            held = {(e.item.channel, e.item.priority) for e in self._entries.values()}
+        return sorted(held, key=lambda lane: lane_order(*lane))
+
     def read_message_heads(self, item_ids: Sequence[str], *, size: int = MESSAGE_HEAD_BYTES) -> dict[str, bytes]:
         with self._lock:
             return {
@@ -140,14 +146,21 @@ class MemoryStore(QueueStore):
             self._entries[item_id].message = None
 
     def claim(self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1) -> builtins.list[QueueItem]:
+        """A pass over every item: the due ones, in ``fair_order``."""
         self.validate_owner(owner)
         with self._lock:
+            due = [e for e in self._entries.values() if e.item.next_attempt_at <= now and not e.item.is_leased_at(now)]
+            taken = fair_order(
+                due,
+                limit=limit,
+                lane=lambda e: (e.item.channel, e.item.priority),
+                place=lambda e: (e.item.next_attempt_at, e.seq),
+                after=self._last_channel,
+            )
+            if taken:
+                self._last_channel = taken[-1].item.channel
             claimed: builtins.list[QueueItem] = []
-            for entry in self._ordered():
-                if len(claimed) >= limit or entry.item.next_attempt_at > now:
-                    break
-                if entry.item.is_leased_at(now):
-                    continue
+            for entry in taken:
                 entry.item = dataclasses.replace(
                     entry.item, lease_owner=owner, lease_expires_at=lease_until, next_attempt_at=lease_until
                 )

@@ -42,15 +42,18 @@ from bumail_queue.shaping import DestinationState, Permit, PermitRequest, Window
 from bumail_queue.sts import STSMode, STSPolicy, TLSResult, TLSSessionCount
 from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate
 
-from . import orm_queries, orm_suppressions
+from . import orm_claims, orm_queries, orm_suppressions
 from .base import COMPLETE_TRIES, MESSAGE_HEAD_BYTES, QueueStore, WorkListener
 from .orm_database import (
+    ADD_FUNCTION,
     INSERT_COLUMNS,
     ITEM_COLUMNS,
     WAKE_CHANNEL,
     PostgresListener,
     aware,
+    binding_cursor,
     check_database,
+    connection_facts,
     default_is_read_committed,
     id_text,
     prep_value,
@@ -63,6 +66,18 @@ _MAX_ITEMS_LOCK = 0x62756D61696C  # "bumail"
 _KEY_RACES = 3
 # How often a SQLite claim that lost every item it read to another process reads again.
 _CLAIM_RACES = 50
+# The columns every new item starts with the same value in: the batch add writes them
+# in its statement rather than send a list of them.
+_STARTING_VALUES = {"attempts": "0", "delay_notified": "false", "rev": "0"}
+# The columns the add function takes, in its order (then the message).
+_FUNCTION_COLUMNS = (
+    "id", "key", "sender", "recipients", "size", "created_at", "next_attempt_at", "priority", "channel",
+)  # fmt: skip
+# The PostgreSQL type of each column the batch add sends a list of.
+_ARRAY_TYPES = {
+    "id": "uuid", "key": "varchar", "sender": "text", "recipients": "jsonb", "size": "bigint",
+    "created_at": "timestamptz", "next_attempt_at": "timestamptz", "priority": "smallint", "channel": "varchar",
+}  # fmt: skip
 # Ids per statement of a retry by id: well within SQLite's bound parameters.
 _IDS_PER_STATEMENT = 500
 # TLS report counts per upsert: nine parameters each, well within SQLite's bound parameters.
@@ -99,6 +114,8 @@ class ORMStore(QueueStore):
         self.items_table = Item._meta.db_table
         self.messages_table = Message._meta.db_table
         self._statements: dict[tuple[str, tuple[Any, ...]], str] = {}
+        # The channel this store's last claim ended with: where its round-robin stands.
+        self._last_channel = ""
         self._shaping = ORMShaping(self)
 
     # -- plumbing ---------------------------------------------------------------------
@@ -162,31 +179,36 @@ class ORMStore(QueueStore):
             ) from error
 
     @contextmanager
-    def _writing(self, *, single_statement: bool = False) -> Iterator[Any]:
+    def _writing(self, *, single_statement: bool = False, binding: bool = False) -> Iterator[Any]:
         """Yield a cursor for a write, in a transaction at READ COMMITTED.
 
         Inside the caller's transaction the write joins it (under a savepoint when it
         takes several statements, so a refused add leaves the caller's work alone). A
         single statement outside one needs no transaction of its own when the
         connection already defaults to READ COMMITTED: one round trip, not four.
+        With ``binding``, the cursor sends the parameters apart from the SQL
+        (``orm_database.binding_cursor``): for the statements that carry messages.
         """
         connection = self.connection
         with self.translated_errors():
             if connection.in_atomic_block:
                 if single_statement:
-                    with connection.cursor() as cursor:
+                    with self._cursor(binding=binding) as cursor:
                         yield cursor
                 else:
-                    with transaction.atomic(using=self.alias), connection.cursor() as cursor:
+                    with transaction.atomic(using=self.alias), self._cursor(binding=binding) as cursor:
                         yield cursor
             elif single_statement and default_is_read_committed(self.connection):
-                with connection.cursor() as cursor:
+                with self._cursor(binding=binding) as cursor:
                     yield cursor
             else:
-                with transaction.atomic(using=self.alias), connection.cursor() as cursor:
+                with transaction.atomic(using=self.alias), self._cursor(binding=binding) as cursor:
                     if connection.vendor == "postgresql":
                         cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE")
                     yield cursor
+
+    def _cursor(self, *, binding: bool) -> Any:
+        return binding_cursor(self.connection) if binding else self.connection.cursor()
 
     def writing(self, *, single_statement: bool = False) -> AbstractContextManager[Any]:
         """Yield a cursor for a write: one transaction at READ COMMITTED, or for a single
@@ -209,6 +231,8 @@ class ORMStore(QueueStore):
             self.prep_time(new.next_attempt_at),
             0,
             False,
+            new.priority,
+            new.channel,
             0,
         ]
 
@@ -222,13 +246,51 @@ class ORMStore(QueueStore):
         )
 
     def add_many(self, items: Sequence[NewItem], *, max_items: int | None = None) -> builtins.list[QueueItem]:
+        """On PostgreSQL without ``MAX_ITEMS``, one statement whatever the number of
+        items; otherwise a transaction (``MAX_ITEMS`` counts the queue under a lock)."""
         if not items:
             return []
         for new in items:
             self.validate_new(new)
-        if len(items) == 1 and max_items is None and self.connection.vendor == "postgresql":
-            return [self._add_one_statement(items[0])]
+        if max_items is None and self.connection.vendor == "postgresql":
+            if len(items) == 1:
+                return [self._add_one_statement(items[0])]
+            return self._add_batch_statement(items)
         return self._add_in_transaction(items, max_items)
+
+    @_built_once
+    def _add_batch_sql(self) -> str:
+        # A column of values per parameter (unnest), so that the statement's text is
+        # the same for any number of items; the constant columns are written here.
+        q, items, messages = self.quote, self.quote(self.items_table), self.quote(self.messages_table)
+        given = [c for c in INSERT_COLUMNS if c not in _STARTING_VALUES]
+        arrays = ", ".join(f"%s::{_ARRAY_TYPES[column]}[]" for column in given)
+        values = ", ".join(_STARTING_VALUES.get(column, f"new.{q(column)}") for column in INSERT_COLUMNS)
+        return (
+            f"WITH new_items AS (INSERT INTO {items} ({', '.join(map(q, INSERT_COLUMNS))}) "
+            f"SELECT {values} FROM unnest({arrays}) AS new({', '.join(map(q, given))}) "
+            f"ON CONFLICT ({q('key')}) WHERE {q('key')} IS NOT NULL DO NOTHING RETURNING {q('id')}), "
+            f"new_messages AS (INSERT INTO {messages} ({q('item_id')}, {q('data')}) "
+            f"SELECT given.{q('id')}, given.{q('data')} FROM unnest(%s::uuid[], %s::bytea[]) "
+            f"AS given({q('id')}, {q('data')}) JOIN new_items USING ({q('id')})) "
+            # One NOTIFY, and the ids inserted: a row whose key was taken is not.
+            f"SELECT array_agg({q('id')}), pg_notify('{WAKE_CHANNEL}', '') FROM new_items HAVING count(*) > 0"
+        )
+
+    def _add_batch_statement(self, items: Sequence[NewItem], *, _depth: int = 0) -> builtins.list[QueueItem]:
+        # The items and their messages in one statement: one round trip, atomic by itself.
+        rows = [self._insert_values(new) for new in items]
+        given = [index for index, column in enumerate(INSERT_COLUMNS) if column not in _STARTING_VALUES]
+        params = [[row[index] for row in rows] for index in given]
+        params += [[row[0] for row in rows], [self._prep_message(new.message) for new in items]]
+        with self._writing(single_statement=True, binding=True) as cursor:
+            cursor.execute(self._add_batch_sql(), params)
+            found = cursor.fetchone()
+        added = {id_text(value) for value in (found[0] if found else [])}
+        by_id = {new.id: new.to_queue_item() for new in items if new.id in added}
+        return self._keyed_ones_too(
+            items, by_id, lambda gone: self._add_batch_statement(gone, _depth=_depth + 1), _depth
+        )
 
     @_built_once
     def _add_one_sql(self) -> str:
@@ -243,15 +305,27 @@ class ORMStore(QueueStore):
             f"SELECT {self.quote('id')}, pg_notify('{WAKE_CHANNEL}', '') FROM new_item"
         )
 
+    @_built_once
+    def _add_function_sql(self) -> str:
+        # The casts name the function's own types, whatever the driver makes of a value.
+        types = ("uuid", "varchar", "text", "jsonb", "bigint", "timestamptz", "timestamptz", "smallint", "varchar")
+        return f"SELECT {ADD_FUNCTION}({', '.join(f'%s::{t}' for t in types)}, %s::bytea)"
+
     def _add_one_statement(self, new: NewItem) -> QueueItem:
         # The item and its message in one statement: one round trip, atomic by itself.
-        sql = self._add_one_sql()
-        params = [*self._insert_values(new), self._prep_message(new.message)]
+        # The migration's function when the database has it (its plan kept for the
+        # session: a third less of the database's time), the same as one WITH otherwise.
+        values = self._insert_values(new)
+        if connection_facts(self.connection).add_function:
+            sql = self._add_function_sql()
+            params = [*(values[INSERT_COLUMNS.index(c)] for c in _FUNCTION_COLUMNS), self._prep_message(new.message)]
+        else:
+            sql, params = self._add_one_sql(), [*values, self._prep_message(new.message)]
         for _ in range(_KEY_RACES):
-            with self._writing(single_statement=True) as cursor:
+            with self._writing(single_statement=True, binding=True) as cursor:
                 cursor.execute(sql, params)
                 row = cursor.fetchone()
-            if row is not None:
+            if row is not None and row[0] is not None:
                 return new.to_queue_item()
             # The key is taken: return its item, unless that item left the queue
             # between the two statements, in which case the key is free again.
@@ -292,14 +366,27 @@ class ORMStore(QueueStore):
                         ErrorCode.FULL,
                         f"The queue is full: MAX_ITEMS is {max_items} and adding {len(inserted)} would make {total}.",
                     )
+        return self._keyed_ones_too(
+            items, by_id, lambda gone: self._add_in_transaction(gone, max_items, _depth=_depth + 1), _depth
+        )
+
+    def _keyed_ones_too(
+        self,
+        items: Sequence[NewItem],
+        by_id: dict[str, QueueItem],
+        add_again: Callable[[Sequence[NewItem]], builtins.list[QueueItem]],
+        depth: int,
+    ) -> builtins.list[QueueItem]:
+        """Return ``items`` as added: those not in ``by_id`` had their key taken, and
+        are answered with the item holding it, or added again when it left meanwhile."""
         missing = [new for new in items if new.id not in by_id]
         existing = self._get_by_keys([_taken_key(new) for new in missing]) if missing else {}
         gone = [new for new in missing if new.key not in existing]
         if gone:
             # Their keys' items left the queue between the statements: add them anew.
-            if _depth >= _KEY_RACES:
+            if depth >= _KEY_RACES:
                 raise _key_race(gone[0])
-            for item in self._add_in_transaction(gone, max_items, _depth=_depth + 1):
+            for item in add_again(gone):
                 by_id[item.id] = item
                 existing[_taken_key(item)] = item
         return [by_id[new.id] if new.id in by_id else existing[_taken_key(new)] for new in items]
@@ -360,6 +447,7 @@ class ORMStore(QueueStore):
     # -- leases and outcomes ----------------------------------------------------------
 
     def claim(self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1) -> builtins.list[QueueItem]:
+        """Lease the due items of every lane, channels in turn (``orm_claims``)."""
         self.validate_owner(owner)
         if limit < 1:
             return []
@@ -371,22 +459,12 @@ class ORMStore(QueueStore):
             rows = self._claim_write_locked(owner, until, at, limit)
         else:
             rows = self._claim_compare_and_set(owner, until, at, limit)
-        rows.sort(key=lambda row: (aware(row[0]), row[1]))
-        return [self._row_to_item(row[2:]) for row in rows]
-
-    @_built_once
-    def _due_sql(self, lock: str = "") -> str:
-        items, q = self.quote(self.items_table), self.quote
-        return (
-            f"SELECT {q('seq')} AS due_seq, {q('next_attempt_at')} AS due_at FROM {items} "
-            f"WHERE {q('next_attempt_at')} <= %s AND ({q('lease_owner')} IS NULL OR {q('lease_expires_at')} <= %s) "
-            f"ORDER BY {q('next_attempt_at')}, {q('seq')} LIMIT %s{lock}"
-        )
+        return [self._row_to_item(row) for row in rows]
 
     @_built_once
     def _lease_sql(self) -> str:
         # The lease doubles as the retry time: a leased item's next_attempt_at is its
-        # lease's expiry, so it leaves the front of the due index (a backlog of leases
+        # lease's expiry, so it leaves the front of its lane (a backlog of leases
         # never slows a claim) and falls due by itself if its worker dies.
         q = self.quote
         return (
@@ -395,26 +473,38 @@ class ORMStore(QueueStore):
         )
 
     @_built_once
+    def _count_sql(self) -> str:
+        return orm_claims.postgres_count_sql(self.quote, self.items_table)
+
+    @_built_once
     def _skip_locked_claim_sql(self) -> str:
-        items, q = self.quote(self.items_table), self.quote
-        # The lease is committed without waiting for the disk (synchronous_commit off
-        # for this statement's transaction alone): a lease a database crash forgets
-        # only makes the item claimable again, as a worker's crash does, and the
-        # worker's next synchronous commit makes it durable anyway. It saves an fsync
-        # per claim: the milliseconds between new mail and its session.
-        return (
-            f"{self._lease_sql()} FROM ({self._due_sql(' FOR UPDATE SKIP LOCKED')}) AS due, "
-            "(SELECT set_config('synchronous_commit', 'off', true)) AS lease_commit "
-            f"WHERE {items}.{q('seq')} = due.due_seq "
-            f"RETURNING due.due_at, {items}.{q('seq')}, {self._select_list(items)}"
+        return orm_claims.postgres_claim_sql(
+            self.quote, self.items_table, self._lease_sql(), self._select_list(self.quote(self.items_table))
         )
 
     def _claim_skip_locked(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
-        # One statement: the due rows are locked as they are picked, and rows another
-        # claimer holds are skipped, so no worker waits on another's items.
+        # Two statements: how many items each lane has due (as far as a claim could
+        # take), then each lane's share (items.fair_shares) locked as it is read,
+        # skipping rows another claimer holds, so no worker waits on another's items,
+        # ordered and leased. An idle queue costs the first alone.
+        with self.translated_errors(), self.connection.cursor() as cursor:
+            cursor.execute(self._count_sql(), [at, at, limit, at, at])
+            counted = cursor.fetchall()
+        if not counted:
+            return []
+        after = self._last_channel
+        channels, priorities, shares = (
+            list(column) for column in zip(*orm_claims.shares_of(counted, limit, after), strict=True)
+        )
         with self._writing(single_statement=True) as cursor:
-            cursor.execute(self._skip_locked_claim_sql(), [owner, until, until, at, at, limit])
-            return list(cursor.fetchall())
+            cursor.execute(
+                self._skip_locked_claim_sql(), [channels, priorities, shares, at, at, limit, after, owner, until, until]
+            )
+            rows = cursor.fetchall()
+        rows.sort(key=lambda row: row[:4])
+        if rows:
+            self._last_channel = rows[-1][3]
+        return [row[4:] for row in rows]
 
     def _claim_write_locked(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
         # SQLite has no row locks, but one writer at a time: a transaction begun
@@ -426,7 +516,7 @@ class ORMStore(QueueStore):
             with connection.cursor() as cursor:
                 cursor.execute("BEGIN IMMEDIATE")
                 try:
-                    due = self._read_due(cursor, at, limit)
+                    due = orm_claims.sqlite_fronts(cursor, self.quote, self.items_table, at, limit, self._last_channel)
                     rows = self._lease_due(cursor, due, owner, until, at) if due else []
                 except BaseException:
                     cursor.execute("ROLLBACK")
@@ -434,13 +524,9 @@ class ORMStore(QueueStore):
                 cursor.execute("COMMIT")
         return rows
 
-    def _read_due(self, cursor: Any, at: Any, limit: int) -> dict[Any, Any]:
-        """The earliest due items' ``seq`` with their due time."""
-        cursor.execute(self._due_sql(), [at, at, limit])
-        return dict(cursor.fetchall())
-
     def _lease_due(self, cursor: Any, due: dict[Any, Any], owner: str, until: Any, at: Any) -> builtins.list[Any]:
-        """Lease those of ``due`` still due and free; their rows, each led by its due time."""
+        """Lease those of ``due`` (``seq`` to due time and channel) still due and free; their
+        rows, in ``due``'s order. The round-robin moves on to the last one's channel."""
         q = self.quote
         sql = (
             f"{self._lease_sql()} WHERE {q('seq')} IN ({', '.join(['%s'] * len(due))}) "
@@ -448,7 +534,11 @@ class ORMStore(QueueStore):
             f"RETURNING {q('seq')}, {self._select_list()}"
         )
         cursor.execute(sql, [owner, until, until, *due, at, at])
-        return [(due[row[0]], *row) for row in cursor.fetchall()]
+        leased = {row[0]: row[1:] for row in cursor.fetchall()}
+        taken = [seq for seq in due if seq in leased]
+        if taken:
+            self._last_channel = due[taken[-1]][1]
+        return [leased[seq] for seq in taken]
 
     def _claim_compare_and_set(self, owner: str, until: Any, at: Any, limit: int) -> builtins.list[Any]:
         # Inside the caller's transaction (a test's, a deliver_due() in a view) the
@@ -458,7 +548,7 @@ class ORMStore(QueueStore):
         # them; it then reads again, so a lost race never reads as an empty queue.
         for _ in range(_CLAIM_RACES):
             with self.translated_errors(), self.connection.cursor() as cursor:
-                due = self._read_due(cursor, at, limit)
+                due = orm_claims.sqlite_fronts(cursor, self.quote, self.items_table, at, limit, self._last_channel)
             if not due:
                 return []
             with self._writing(single_statement=True) as cursor:
@@ -1002,6 +1092,10 @@ class ORMStore(QueueStore):
 
     def read_message_heads(self, item_ids: Sequence[str], *, size: int = MESSAGE_HEAD_BYTES) -> dict[str, bytes]:
         return orm_queries.read_message_heads(self, item_ids, size=size)
+
+    def lanes(self) -> builtins.list[tuple[str, int]]:
+        """One statement that skips through the lanes' index: a probe per lane."""
+        return orm_queries.lanes(self)
 
     def summary(self, *, now: datetime, age_buckets: Sequence[timedelta] = AGE_BUCKETS) -> QueueSummary:
         return orm_queries.summary(self, now=now, age_buckets=age_buckets)

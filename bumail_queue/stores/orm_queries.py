@@ -26,10 +26,13 @@ from bumail_queue.queries import (
     ItemState,
     QueueGauges,
     QueueSummary,
+    lane_counts,
+    lane_order,
     scaled,
     shape_from_counts,
 )
 
+from .orm_claims import lanes_sql
 from .orm_database import aware
 
 
@@ -100,6 +103,10 @@ def _filter(store: ORMTables, query: ItemQuery) -> Q:
     if query.domain is not None:
         # The recipients are JSON: an address at the domain ends with '@domain"'.
         where &= Q(recipients__icontains=f'@{query.domain}"')
+    if query.channel is not None:
+        where &= Q(channel=query.channel)
+    if query.priority is not None:
+        where &= Q(priority=query.priority)
     if query.item_id is not None:
         where &= Q(id=uuid.UUID(query.item_id))  # the unique index: no scan
     elif query.text is not None:
@@ -132,6 +139,13 @@ def summary(store: ORMTables, *, now: datetime, age_buckets: Sequence[timedelta]
             oldest=Min("created_at"),
         )
         shape_rows = _shape_rows(store, now, tuple(age_buckets))
+        lane_rows = (
+            Item.objects.using(store.alias)
+            .values_list("channel", "priority")
+            .annotate(total=Count("seq"), due=Count("seq", filter=~leased & Q(next_attempt_at__lte=now)))
+            .order_by()
+        )
+        lanes = lane_counts(lane_rows)
     by_state = {
         ItemState.DELIVERING: counts["delivering"],
         ItemState.DEFERRED: counts["deferred"],
@@ -147,7 +161,17 @@ def summary(store: ORMTables, *, now: datetime, age_buckets: Sequence[timedelta]
         pending_recipients=sum(n for _, _, n in shape_rows),
         age_buckets=tuple(age_buckets),
         shape=shape,
+        lanes=lanes,
     )
+
+
+def lanes(store: ORMTables) -> list[tuple[str, int]]:
+    """Return the lanes, skipping through the lanes' index: one probe per lane."""
+    sql = f"WITH RECURSIVE {lanes_sql(store.quote, store.quote(store.items_table))} SELECT channel, priority FROM lanes"
+    with store.translated_errors(), store.connection.cursor() as cursor:
+        cursor.execute(sql)
+        found = [(channel, int(priority)) for channel, priority in cursor.fetchall()]
+    return sorted(found, key=lambda lane: lane_order(*lane))
 
 
 def _shape_rows(store: ORMTables, now: datetime, bounds: tuple[timedelta, ...]) -> list[tuple[str, int, int]]:

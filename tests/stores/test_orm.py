@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 from collections import Counter
 from datetime import timedelta
@@ -9,6 +10,7 @@ from datetime import timedelta
 import pytest
 from django.core.mail import EmailMessage
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from bumail_queue.models import Item, Message
@@ -126,19 +128,29 @@ def test_a_refused_enqueue_leaves_the_callers_transaction_usable(settings):
     assert Item.objects.count() == 1
 
 
-def test_claim_is_one_statement_on_postgresql_and_one_write_locked_transaction_on_sqlite(
+def test_claim_is_two_statements_on_postgresql_and_one_write_locked_transaction_on_sqlite(
     orm_store, django_assert_num_queries
 ):
-    add_due_items(orm_store, 5)
+    add_due_items(orm_store, 6)
     now = timezone.now()
-    orm_store.claim(
-        owner="w1", now=now - timedelta(days=1), lease_until=now, limit=1
-    )  # connects, reads the default level once
-    # SQLite, in the process: BEGIN IMMEDIATE, the due items, their lease, COMMIT.
-    with django_assert_num_queries(1 if connection.vendor == "postgresql" else 4) as queries:
+    # Connects, reads the connection's facts once.
+    assert len(orm_store.claim(owner="w1", now=now, lease_until=now + timedelta(minutes=1), limit=1)) == 1
+    # PostgreSQL: the lanes' due counts, then their shares locked and leased. SQLite, in
+    # the process: BEGIN IMMEDIATE, the lanes, a probe and a count of each (one lane
+    # here), its share, the lease, COMMIT.
+    with django_assert_num_queries(2 if connection.vendor == "postgresql" else 7) as queries:
         assert len(orm_store.claim(owner="w1", now=now, lease_until=now + timedelta(minutes=1), limit=10)) == 5
     if connection.vendor == "sqlite":
         assert queries.captured_queries[0]["sql"] == "BEGIN IMMEDIATE"
+
+
+@pytest.mark.postgres
+def test_a_claim_of_an_idle_queue_is_one_statement_on_postgresql(orm_store, django_assert_num_queries):
+    now = timezone.now()
+    orm_store.add(NewItemFactory(created_at=now + timedelta(hours=1)))  # not due
+    orm_store.claim(owner="w1", now=now, lease_until=now, limit=1)  # connects
+    with django_assert_num_queries(1):
+        assert orm_store.claim(owner="w1", now=now, lease_until=now + timedelta(minutes=1), limit=10) == []
 
 
 @pytest.mark.postgres
@@ -146,6 +158,38 @@ def test_enqueue_outside_a_transaction_is_one_statement_on_postgresql(orm_store,
     orm_store.add(NewItemFactory())  # connects, reads the default isolation level once
     with django_assert_num_queries(1):
         orm_store.add(NewItemFactory())
+
+
+@pytest.mark.postgres
+def test_an_enqueue_on_postgresql_is_one_call_of_the_migrations_function(orm_store):
+    orm_store.add(NewItemFactory())  # connects, reads the connection's facts once
+    first = NewItemFactory(key="order-7")
+    with CaptureQueriesContext(connection) as captured:
+        added = orm_store.add(first)
+        again = orm_store.add(NewItemFactory(key="order-7"))
+    assert [q["sql"].split("(")[0] for q in captured.captured_queries][:2] == ["SELECT bumail_queue_add"] * 2
+    assert again.id == added.id == first.id
+    assert orm_store.read_message(added.id) == first.message
+    assert Message.objects.count() == 2
+
+
+@pytest.mark.postgres
+def test_without_the_function_an_enqueue_is_one_statement_of_its_own(orm_store):
+    # As in a test database made without migrations: the store finds no function.
+    migration = importlib.import_module("bumail_queue.migrations.0008_priority_channel")
+    with connection.schema_editor() as editor:
+        migration.drop_add_function(None, editor)
+    connection.close()  # a new connection asks its facts anew
+    try:
+        orm_store.add(NewItemFactory())
+        with CaptureQueriesContext(connection) as captured:
+            added = orm_store.add(NewItemFactory(priority=3, channel="bulk"))
+        assert [q["sql"][:20] for q in captured.captured_queries] == ["WITH new_item AS (IN"]
+        assert (orm_store.get(added.id).priority, orm_store.get(added.id).channel) == (3, "bulk")
+    finally:
+        with connection.schema_editor() as editor:
+            migration.create_add_function(None, editor)
+        connection.close()
 
 
 def test_rows_written_by_the_orm_read_back_as_queue_items(orm_store):

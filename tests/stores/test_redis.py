@@ -24,9 +24,13 @@ from django_redis import get_redis_connection
 from bumail_queue import queue, signals
 from bumail_queue.conf import get_settings
 from bumail_queue.errors import QueueConfigurationError, QueueError
-from bumail_queue.items import RecipientStatus
+from bumail_queue.items import Recipient, RecipientStatus
+from bumail_queue.queries import ItemState
+from bumail_queue.shaping import Limits, PermitRequest
 from bumail_queue.stores.redis import RedisStore
-from bumail_queue.testing import LEASE, OK, T0, claim_one, result, sts_policy, tls_count, tried_once
+from bumail_queue.stores.redis.layout import micros, recipients_json
+from bumail_queue.suppression import SuppressionChange
+from bumail_queue.testing import LEASE, OK, T0, claim_one, result, sts_policy, suppression, tls_count, tried_once
 from bumail_queue.testing import new_item as new
 from tests.conftest import REDIS_ALIAS
 from tests.helpers import use_queue_backend
@@ -61,8 +65,8 @@ def test_the_keys_are_laid_out_under_the_prefix(redis_store, redis_prefix, redis
     added = redis_store.add(new(key="order-1", recipients=["a@example.org"]))
     item_key = f"{redis_prefix}item:{added.id}"
     assert {k.decode() for k in redis_client.scan_iter(match=f"{redis_prefix}*")} == {
-        item_key, f"{redis_prefix}message:{added.id}", f"{redis_prefix}items", f"{redis_prefix}ready",
-        f"{redis_prefix}seq", f"{redis_prefix}schema", f"{redis_prefix}keys",
+        item_key, f"{redis_prefix}message:{added.id}", f"{redis_prefix}items", f"{redis_prefix}ready:0:default",
+        f"{redis_prefix}lanes", f"{redis_prefix}seq", f"{redis_prefix}schema", f"{redis_prefix}keys",
     }  # fmt: skip
     fields = redis_client.hgetall(item_key)
     assert set(fields) == {
@@ -77,16 +81,19 @@ def test_the_keys_are_laid_out_under_the_prefix(redis_store, redis_prefix, redis
         b"member",
         b"rev",
         b"key",
+        b"priority",
+        b"channel",
     }
     member = fields[b"member"].decode()
     # Sixteen digits of sequence, so that items equally due come oldest first.
     assert re.fullmatch(rf"\d{{16}}:{added.id}", member)
-    assert redis_client.zscore(f"{redis_prefix}ready", member) == int(fields[b"next"])
-    assert redis_client.get(f"{redis_prefix}schema") == b"1"
+    assert redis_client.zscore(f"{redis_prefix}ready:0:default", member) == int(fields[b"next"])
+    assert redis_client.smembers(f"{redis_prefix}lanes") == {b"0:default"}
+    assert redis_client.get(f"{redis_prefix}schema") == b"2"
     assert redis_client.hget(f"{redis_prefix}keys", "order-1") == added.id.encode()
 
     claim_one(redis_store)
-    assert redis_client.zscore(f"{redis_prefix}ready", member) is None
+    assert redis_client.exists(f"{redis_prefix}ready:0:default", f"{redis_prefix}lanes") == 0
     assert redis_client.zscore(f"{redis_prefix}leases", member) == int(redis_client.hget(item_key, "expires"))
 
 
@@ -113,7 +120,7 @@ def test_two_prefixes_are_two_queues(redis_prefix, redis_client):
 
 @pytest.mark.parametrize(
     ("found", "text"),
-    [("not a version", "the prefix is another application's"), ("2", "newer version of bumail_queue")],
+    [("not a version", "the prefix is another application's"), ("3", "newer version of bumail_queue")],
 )
 def test_a_prefix_holding_another_schema_is_refused_at_the_first_call(
     redis_store, redis_prefix, redis_client, found, text
@@ -125,6 +132,106 @@ def test_a_prefix_holding_another_schema_is_refused_at_the_first_call(
     with pytest.raises(QueueConfigurationError):
         redis_store.add(new())
     assert redis_client.exists(f"{redis_prefix}items") == 0
+
+
+def layout_1_item(redis_client, prefix, item_id, seq):
+    """Write an item as bumail_queue before lanes did: no priority, no channel, one "ready" set."""
+    member, due = f"{seq:016d}:{item_id}", micros(T0)
+    redis_client.hset(
+        f"{prefix}item:{item_id}",
+        mapping={
+            "id": item_id, "from": "app@example.com", "recipients": recipients_json([Recipient(address=f"r{seq}@example.org")]),
+            "size": "5", "created": due, "next": due, "attempts": "0", "delay": "0", "member": member, "rev": "0",
+        },
+    )  # fmt: skip
+    redis_client.set(f"{prefix}message:{item_id}", b"hello")
+    redis_client.zadd(f"{prefix}items", {member: int(due)})
+    redis_client.zadd(f"{prefix}ready", {member: int(due)})
+
+
+def test_a_queue_of_layout_1_is_brought_to_layout_2_at_the_first_call(redis_store, redis_prefix, redis_client):
+    # As bumail_queue before lanes left it: one "ready" set, items without priority or channel.
+    ids = ["00000000-0000-4000-8000-00000000000a", "00000000-0000-4000-8000-00000000000b"]
+    for seq, item_id in enumerate(ids, start=1):
+        layout_1_item(redis_client, redis_prefix, item_id, seq)
+    redis_client.set(f"{redis_prefix}seq", 2)
+    redis_client.set(f"{redis_prefix}schema", "1")
+
+    assert [(i.id, i.priority, i.channel) for i in redis_store.list()] == [
+        (ids[0], 0, "default"),
+        (ids[1], 0, "default"),
+    ]
+    assert redis_client.get(f"{redis_prefix}schema") == b"2"
+    assert redis_client.exists(f"{redis_prefix}ready") == 0
+    assert redis_client.zcard(f"{redis_prefix}ready:0:default") == 2
+    assert redis_store.lanes() == [("default", 0)]
+    urgent = redis_store.add(new(priority=5))
+    claimed = redis_store.claim(owner="w", now=T0, lease_until=T0 + LEASE, limit=3)
+    assert [i.id for i in claimed] == [urgent.id, *ids]
+
+
+def test_the_upgrade_to_layout_2_keeps_the_suppression_list_the_policies_and_the_shaping_buckets(
+    redis_store, redis_prefix, redis_client
+):
+    # A queue of layout 1 that already kept what came with it: the suppression list,
+    # MTA-STS policies, TLS counts and shaping buckets, none of which the upgrade touches.
+    entry = suppression("gone@example.org")
+    redis_store.update_suppressions(SuppressionChange(add=(entry,)), now=T0)
+    policy = sts_policy("example.org", id="one")
+    redis_store.put_sts_policy(policy)
+    counted = tls_count(date(2026, 1, 1), result=None)
+    redis_store.count_tls_sessions([counted])
+    two_at_once = Limits(concurrency=2)
+    slot = PermitRequest(key="example.net", limits=two_at_once, now=T0, slot="s1", slot_until=T0 + LEASE)
+    assert redis_store.take_permit(slot).granted
+    ids = ["00000000-0000-4000-8000-00000000000a", "00000000-0000-4000-8000-00000000000b"]
+    for seq, item_id in enumerate(ids, start=1):
+        layout_1_item(redis_client, redis_prefix, item_id, seq)
+    redis_client.set(f"{redis_prefix}seq", 2)
+    redis_client.set(f"{redis_prefix}schema", "1")
+
+    store = store_at(redis_prefix)  # a process of this version starting on it
+    claimed = store.claim_items([ids[1]], owner="task", now=T0, lease_until=T0 + LEASE)
+    assert [(i.id, i.priority, i.channel) for i in claimed] == [(ids[1], 0, "default")]
+    assert redis_client.get(f"{redis_prefix}schema") == b"2"
+    assert redis_client.zrange(f"{redis_prefix}ready:0:default", 0, -1) == [f"{1:016d}:{ids[0]}".encode()]
+    assert store.suppressions_of(["gone@example.org"], now=T0) == {"gone@example.org": entry}
+    assert store.get_sts_policy("example.org") == policy
+    assert store.tls_session_counts(date(2026, 1, 1)) == [counted]
+    [state] = store.destination_states(now=T0)
+    assert (state.key, state.sessions) == ("example.net", 1)
+    taken = PermitRequest(key="example.net", limits=two_at_once, now=T0, slot="s2", slot_until=T0 + LEASE)
+    assert store.take_permit(taken).granted
+    assert not store.take_permit(dataclasses.replace(taken, slot="s3")).granted
+    # The claim takes the other item only, from its lane; the gauges read the lanes too.
+    assert [i.id for i in store.claim(owner="w", now=T0, lease_until=T0 + LEASE, limit=5)] == [ids[0]]
+    gauges = store.gauges(now=T0)
+    assert (gauges.items[ItemState.DELIVERING], gauges.due) == (2, 0)
+
+
+def test_the_gauges_of_a_large_queue_count_the_due_items_of_every_lane(redis_store):
+    lanes = [("bulk", -5), ("alerts", 9), ("default", 0)]
+    redis_store.add_many(
+        [
+            new(channel=lanes[n % 3][0], priority=lanes[n % 3][1], created_at=T0 + timedelta(seconds=n))
+            for n in range(90)
+        ]
+    )
+    redis_store.add_many([new(channel="alerts", priority=9, next_attempt_at=T0 + timedelta(hours=1)) for _ in range(5)])
+    now = T0 + timedelta(minutes=5)
+    leased = redis_store.claim(owner="w", now=now, lease_until=now + LEASE, limit=10)
+    waiting = [i for i in redis_store.list(limit=200) if i.lease_owner is None and i.next_attempt_at <= now]
+    assert len(leased) == 10
+    exact = redis_store.gauges(now=now)
+    redis_store.gauge_sample_rows = 20
+    sampled = redis_store.gauges(now=now)
+    assert exact.exact and not sampled.exact
+    assert (exact.total, exact.items[ItemState.DELIVERING]) == (95, 10)
+    # Counted on every lane's ready set, exactly, whatever the draw.
+    assert sampled.total == 95
+    assert sampled.items[ItemState.DELIVERING] == 10
+    assert (sampled.due, sampled.first_due_at) == (exact.due, exact.first_due_at)
+    assert (exact.due, exact.first_due_at) == (80, min(i.next_attempt_at for i in waiting))
 
 
 def test_a_schema_key_of_another_type_is_refused(redis_store, redis_prefix, redis_client):
@@ -564,9 +671,11 @@ def test_a_delivered_item_leaves_nothing_behind(redis_store, redis_prefix, redis
         added.id, owner="w1", result=result(T0, **{"a@example.org": (RecipientStatus.DELIVERED, OK)})
     )
     assert recorded.is_finished
+    # The layout, the sequence and where the channels' round-robin stands: no item.
     assert sorted(k.decode() for k in redis_client.scan_iter(match=f"{redis_prefix}*")) == [
         f"{redis_prefix}schema",
         f"{redis_prefix}seq",
+        f"{redis_prefix}turn",
     ]
 
 
@@ -598,6 +707,16 @@ def test_the_store_works_under_the_acl_user_the_docs_give(redis_servers, setting
             assert listener.wait(5) is True
             assert [i.id for i in store.list()] == [first.id, second.id]
             assert (store.count(), store.get(first.id).id, store.read_message(first.id)[:5]) == (2, first.id, b"From:")
+            assert [m[:5] for m in store.read_messages([first.id]).values()] == [b"From:"]
+            assert [h[:5] for h in store.read_message_heads([first.id], size=5).values()] == [b"From:"]
+            assert store.lanes() == [("default", 0)]
+            store.gauge_sample_rows = 1  # counted on the sorted sets, split from a draw
+            assert store.gauges(now=T0).total == 2
+            by_id = store.add(new(priority=5, channel="alerts"))
+            assert [i.id for i in store.claim_items([by_id.id], owner="t", now=T0, lease_until=T0 + LEASE)] == [
+                by_id.id
+            ]
+            assert store.cancel(by_id.id).id == by_id.id
             claimed = store.claim(owner="w", now=T0, lease_until=T0 + LEASE, limit=2)
             assert store.renew(first.id, owner="w", lease_until=T0 + 2 * LEASE) is True
             delivered = {claimed[0].recipients[0].address: (RecipientStatus.DELIVERED, OK)}
@@ -615,6 +734,19 @@ def test_the_store_works_under_the_acl_user_the_docs_give(redis_servers, setting
             store.count_tls_sessions([counted])
             assert store.tls_session_counts(date(2026, 1, 1)) == [counted]
             assert store.purge_tls_session_counts(before=date(2026, 1, 2)) == 1
+            entry = suppression("gone@example.org")
+            store.update_suppressions(SuppressionChange(add=(entry,)), now=T0)
+            assert store.suppressions_of(["gone@example.org"], now=T0) == {"gone@example.org": entry}
+            assert (store.search_suppressions(now=T0, text="gone"), store.count_suppressions(now=T0)) == ([entry], 1)
+            assert store.purge_suppressions(now=entry.expires_at) == 1
+            slot = PermitRequest(
+                key="example.net", limits=Limits(concurrency=1), now=T0, slot="s1", slot_until=T0 + LEASE
+            )
+            assert store.take_permit(slot).granted
+            assert store.renew_permit("example.net", slot="s1", now=T0, until=T0 + 2 * LEASE) is True
+            store.release_permit("example.net", slot="s1", now=T0)
+            assert [s.key for s in store.destination_states(now=T0)] == ["example.net"]
+            assert store.forget_idle_destinations(before=T0 + LEASE, now=T0 + LEASE) == 1
         finally:
             listener.close()
         # A key outside the prefix is out of the user's reach.

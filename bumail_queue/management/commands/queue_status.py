@@ -20,7 +20,10 @@ from bumail_queue.shaping import DestinationState
 
 
 class Command(BaseCommand):
-    help = "Show the queue: counts by state, the oldest item, pending recipients by domain and age."
+    help = (
+        "Show the queue: counts by state, the oldest item, items by channel and priority, "
+        "pending recipients by domain and age."
+    )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--json", action="store_true", help="print one JSON object, for scripts")
@@ -68,6 +71,14 @@ def render(summary: QueueSummary, *, top: int) -> list[str]:
         f"Oldest: queued {describe_duration(summary.now - summary.oldest_created_at)} ago "
         f"({summary.oldest_created_at:%Y-%m-%d %H:%M:%S %Z})."
     )
+    lines.append("")
+    lines.append("Items by channel and priority (channels take turns, the higher priority first in each):")
+    lines.append("")
+    lines += _table(
+        ["channel", "priority", "items", "due"],
+        [[lane.channel, str(lane.priority), str(lane.total), str(lane.due)] for lane in summary.lanes],
+    )
+    lines.append("")
     lines.append(
         f"{summary.pending_recipients} recipient{'s' if summary.pending_recipients != 1 else ''} pending, by destination domain and age (minutes):"
     )
@@ -87,6 +98,17 @@ def render(summary: QueueSummary, *, top: int) -> list[str]:
     if left_out:
         lines.append(f"({left_out} more domain{'s' if left_out != 1 else ''}; --top to show more)")
     return lines
+
+
+def _table(labels: list[str], rows: list[list[str]]) -> list[str]:
+    """Return ``rows`` under ``labels``: the first column to the left, the others to the right."""
+    widths = [max(len(label), *(len(row[i]) for row in rows)) for i, label in enumerate(labels)]
+
+    def line(cells: list[str]) -> str:
+        first, *others = cells
+        return " ".join([first.ljust(widths[0]), *(c.rjust(w) for c, w in zip(others, widths[1:], strict=True))])
+
+    return [line(labels), *(line(row) for row in rows)]
 
 
 def render_destinations(states: list[DestinationState], now: datetime) -> list[str]:

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, cast
 
-from bumail_queue.items import QueueItem, Recipient
+from bumail_queue.items import DEFAULT_CHANNEL, DEFAULT_PRIORITY, QueueItem, Recipient
 from bumail_queue.stores.base import QueueStore
 from bumail_queue.suppression import Suppression
 
@@ -33,14 +33,27 @@ class RedisKeys:
         return f"{self.prefix}items"
 
     @property
-    def ready(self) -> str:
-        """The items no lease holds, scored by their next attempt."""
-        return f"{self.prefix}ready"
+    def lanes(self) -> str:
+        """The lanes (``<priority>:<channel>``) whose ready set may hold an item."""
+        return f"{self.prefix}lanes"
+
+    def ready(self, priority: int, channel: str) -> str:
+        """The items of a lane that no lease holds, scored by their next attempt."""
+        return self.lane_ready(f"{priority}:{channel}")
+
+    def lane_ready(self, lane: str) -> str:
+        """The ready set of a lane as ``lanes`` names it (``<priority>:<channel>``)."""
+        return f"{self.prefix}ready:{lane}"
 
     @property
     def leases(self) -> str:
         """The leased items, scored by when their leases end."""
         return f"{self.prefix}leases"
+
+    @property
+    def turn(self) -> str:
+        """The channel the last claim ended with: where the channels' round-robin stands."""
+        return f"{self.prefix}turn"
 
     @property
     def seq(self) -> str:
@@ -177,6 +190,9 @@ def item_from_fields(fields: Mapping[bytes, bytes]) -> QueueItem:
         lease_owner=None if owner is None else owner.decode(),
         lease_expires_at=None if expires is None else from_micros(expires),
         key=None if key is None else key.decode(),
+        # An item of layout 1 has neither: it is in the lane every such item is in.
+        priority=int(fields.get(b"priority", DEFAULT_PRIORITY)),
+        channel=fields.get(b"channel", DEFAULT_CHANNEL.encode()).decode(),
     )
 
 

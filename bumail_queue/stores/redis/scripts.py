@@ -27,7 +27,9 @@ from redis.exceptions import NoScriptError
 _LUA = resources.files("bumail_queue.stores.redis").joinpath("lua")
 
 #: The layout of the keys that these scripts read and write; ``<prefix>schema`` holds it.
-LAYOUT_VERSION = 1
+#: Layout 2 keeps the items no lease holds by lane (``lua/lanes.lua``); the schema
+#: script brings a queue of layout 1 to it.
+LAYOUT_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -39,9 +41,13 @@ class Script:
     sha: str
 
     @classmethod
-    def load(cls, name: str) -> Script:
-        """Read ``lua/<name>.lua`` from the package."""
+    def load(cls, name: str, *, lanes: bool = False) -> Script:
+        """Read ``lua/<name>.lua`` from the package; with ``lanes``, with the lanes'
+        functions (``lua/lanes.lua``) put after its ``#!lua`` line."""
         source = _LUA.joinpath(f"{name}.lua").read_text("utf-8")
+        if lanes:
+            shebang, _, body = source.partition("\n")
+            source = f"{shebang}\n{_LUA.joinpath('lanes.lua').read_text('utf-8')}{body}"
         sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
         return cls(name=name, source=source, sha=sha)
 
@@ -54,15 +60,16 @@ class Script:
 
 
 SCHEMA = Script.load("schema")
-ADD = Script.load("add")
-CLAIM = Script.load("claim")
-CLAIM_ITEMS = Script.load("claim_items")
+ADD = Script.load("add", lanes=True)
+CLAIM = Script.load("claim", lanes=True)
+CLAIM_ITEMS = Script.load("claim_items", lanes=True)
 RENEW = Script.load("renew")
-COMPLETE = Script.load("complete")
-RESCHEDULE = Script.load("reschedule")
-RETRY = Script.load("retry")
-CANCEL = Script.load("cancel")
+COMPLETE = Script.load("complete", lanes=True)
+RESCHEDULE = Script.load("reschedule", lanes=True)
+RETRY = Script.load("retry", lanes=True)
+CANCEL = Script.load("cancel", lanes=True)
 LIST = Script.load("list")
+LANES_HELD = Script.load("lanes_held", lanes=True)
 SUPPRESS = Script.load("suppress")
 SUPPRESSION_PAGE = Script.load("suppression_page")
 SUPPRESSION_PURGE = Script.load("suppression_purge")

@@ -58,7 +58,7 @@ from bumail_queue.errors import (
     first_line,
 )
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
-from bumail_queue.queries import GaugeTally, ItemState, QueueGauges, RetryResult, scaled
+from bumail_queue.queries import GaugeTally, ItemState, QueueGauges, RetryResult, lane_order, scaled
 from bumail_queue.shaping import (
     SLOW_START_RESET_SECONDS,
     Bucket,
@@ -152,7 +152,7 @@ class RedisStore(QueueStore):
                 if not self._schema_checked:
                     # The policy first: on a Redis that may evict, not even the layout is written.
                     self._refuse_eviction(read_eviction_policy(client))
-                    found = scripts.SCHEMA(client, [self.keys.schema], [str(scripts.LAYOUT_VERSION)])
+                    found = scripts.SCHEMA(client, [self.keys.schema], [str(scripts.LAYOUT_VERSION), self.keys.prefix])
                     self._check_schema(found)
                     self._schema_checked = True
         return client
@@ -273,9 +273,11 @@ class RedisStore(QueueStore):
                 str(new.size),
                 micros(new.created_at),
                 micros(new.next_attempt_at),
+                str(new.priority),
+                new.channel,
                 bytes(new.message),
             ]
-        keys = [self.keys.items, self.keys.ready, self.keys.seq, self.keys.keys]
+        keys = [self.keys.items, self.keys.seq, self.keys.keys]
         status, payload = self._run(scripts.ADD, "queue the message", keys, args)
         if status == b"full":
             raise QueueError(
@@ -354,13 +356,22 @@ class RedisStore(QueueStore):
         # A missing key reads as no bytes; a message is never empty (it has headers).
         return {item_id: bytes(head) for (item_id, _), head in zip(known, heads, strict=True) if head}
 
+    def lanes(self) -> builtins.list[tuple[str, int]]:
+        """One read-only script: the lanes with a ready item, and those of the leased items."""
+        held = self._run(scripts.LANES_HELD, "read the lanes", [self.keys.leases], [self.keys.prefix])
+        lanes = set()
+        for lane in held:
+            priority, _, channel = lane.decode().partition(":")
+            lanes.add((channel, int(priority)))
+        return sorted(lanes, key=lambda lane: lane_order(*lane))
+
     # -- leases and outcomes ----------------------------------------------------------
 
     def claim(self, *, owner: str, now: datetime, lease_until: datetime, limit: int = 1) -> builtins.list[QueueItem]:
         self.validate_owner(owner)
         if limit < 1:
             return []
-        keys = [self.keys.ready, self.keys.leases, self.keys.items]
+        keys = [self.keys.leases, self.keys.items, self.keys.turn]
         args: list[str | bytes | int] = [
             self.keys.prefix,
             owner,
@@ -378,7 +389,7 @@ class RedisStore(QueueStore):
         owns = list(dict.fromkeys(own for item_id in item_ids if (own := own_id(item_id)) is not None))
         if not owns:
             return []
-        keys = [self.keys.ready, self.keys.leases, self.keys.items]
+        keys = [self.keys.leases, self.keys.items]
         args = [self.keys.prefix, owner, micros(now), micros(lease_until), *owns]
         claimed = self._run(scripts.CLAIM_ITEMS, "claim items", keys, args)
         return [item_from_fields(pairs(fields)) for fields in claimed]
@@ -483,7 +494,7 @@ class RedisStore(QueueStore):
 
     @property
     def _outcome_keys(self) -> builtins.list[str]:
-        return [self.keys.items, self.keys.ready, self.keys.leases, self.keys.keys]
+        return [self.keys.items, self.keys.leases, self.keys.keys]
 
     def _outcome_args(self, item_id: str, owner: str, rev: bytes, item: QueueItem) -> builtins.list[str | bytes | int]:
         args: list[str | bytes | int] = [self.keys.prefix, item_id, owner, rev]
@@ -504,7 +515,7 @@ class RedisStore(QueueStore):
         own = own_id(item_id)
         if own is None:
             return False
-        keys = [self.keys.items, self.keys.ready, self.keys.leases]
+        keys = [self.keys.items, self.keys.leases]
         args: list[str | bytes | int] = [
             self.keys.prefix,
             own,
@@ -563,27 +574,35 @@ class RedisStore(QueueStore):
 
     def gauges(self, *, now: datetime) -> QueueGauges:
         """Two round trips. The first counts what the sorted sets order: every item, the
-        leased ones, the due ones and the first due, exact at any size, and draws up to
-        ``gauge_sample_rows`` items at random (all of them in a smaller queue). The
-        second reads the drawn items' fields, for their states, recipients and ages:
-        beyond that many items, the split of the unleased items into queued and
-        deferred, the recipients and the oldest times are estimates from the draw."""
+        leased ones, the expired leases (due again) and the first of them, exact at any
+        size; it names the lanes and draws up to ``gauge_sample_rows`` items at random
+        (all of them in a smaller queue). The second counts each lane's due items and
+        reads its first due (its ready set), and reads the drawn items' fields, for
+        their states, recipients and ages: beyond that many items, the split of the
+        unleased items into queued and deferred, the recipients and the oldest times
+        are estimates from the draw."""
         client = self._redis()
         at = micros(now)
         with self._translated_errors("read the queue's gauges"):
             pipe = client.pipeline(transaction=False)
             pipe.zcard(self.keys.items)
             pipe.zcount(self.keys.leases, f"({at}", "+inf")
-            pipe.zcount(self.keys.ready, "-inf", at)
             pipe.zcount(self.keys.leases, "-inf", at)  # expired: due again
-            pipe.zrangebyscore(self.keys.ready, "-inf", at, start=0, num=1, withscores=True)
             pipe.zrangebyscore(self.keys.leases, "-inf", at, start=0, num=1, withscores=True)
+            pipe.smembers(self.keys.lanes)
             pipe.zrandmember(self.keys.items, self.gauge_sample_rows)
-            total, leased, due_ready, expired, first_ready, first_expired, drawn = pipe.execute()
+            total, leased, expired, first_expired, lanes, drawn = pipe.execute()
             pipe = client.pipeline(transaction=False)
+            for lane in lanes:
+                ready = self.keys.lane_ready(lane.decode())
+                pipe.zcount(ready, "-inf", at)
+                pipe.zrangebyscore(ready, "-inf", at, start=0, num=1, withscores=True)
             for member in drawn or ():
                 pipe.hmget(self.keys.item(member[17:].decode()), _GAUGED_FIELDS)
-            rows = pipe.execute() if drawn else []
+            replies = pipe.execute() if lanes or drawn else []
+        fronts, rows = replies[: 2 * len(lanes)], replies[2 * len(lanes) :]
+        due_ready = sum(int(count) for count in fronts[::2])
+        first_ready = [first for firsts in fronts[1::2] for first in firsts]
         tally = GaugeTally(now)
         for fields in rows:
             if fields[0] is not None:  # gone since it was drawn
@@ -630,7 +649,7 @@ class RedisStore(QueueStore):
 
     @property
     def _retry_keys(self) -> builtins.list[str]:
-        return [self.keys.items, self.keys.ready]
+        return [self.keys.items]
 
     def _read_items(self, item_ids: Sequence[str]) -> builtins.list[QueueItem]:
         """The items of ``item_ids`` still in the queue, read in one round trip."""
@@ -646,7 +665,7 @@ class RedisStore(QueueStore):
         own = own_id(item_id)
         if own is None:
             return None
-        keys = [self.keys.items, self.keys.ready, self.keys.leases, self.keys.keys]
+        keys = [self.keys.items, self.keys.leases, self.keys.keys]
         fields = self._run(scripts.CANCEL, "cancel the item", keys, [self.keys.prefix, own])
         return None if fields is None else item_from_fields(pairs(fields))
 

@@ -1,6 +1,6 @@
 #!lua flags=allow-oom
 --[[
-KEYS items, ready; ARGV prefix, now, wake channel, then 'ids' and the ids; or 'waiting',
+KEYS items; ARGV prefix, now, wake channel, then 'ids' and the ids; or 'waiting',
 the score to go on from, how many items of that score to pass over, how many to read,
 and the spellings of a domain (none: any domain).
 
@@ -24,7 +24,7 @@ local prefix, now, stamp = ARGV[1], tonumber(ARGV[2]), ARGV[2]
 
 local function make_due(id)
     local item = prefix .. 'item:' .. id
-    local fields = redis.call('HMGET', item, 'member', 'owner', 'expires', 'next')
+    local fields = redis.call('HMGET', item, 'member', 'owner', 'expires', 'next', 'priority', 'channel')
     local member, owner = fields[1], fields[2]
     if not member then
         return -1
@@ -36,7 +36,7 @@ local function make_due(id)
         redis.call('HSET', item, 'next', stamp)
         redis.call('ZADD', KEYS[1], stamp, member)
         if not owner then
-            redis.call('ZADD', KEYS[2], stamp, member)
+            make_ready(prefix, lane_of(fields[5], fields[6]), stamp, member)
         end
     end
     return 1
