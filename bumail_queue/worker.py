@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 import os
 import queue as queue_module
@@ -43,13 +44,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import cast
 
 from django.db import connections
 from django.utils import timezone
 
 from bumail_queue.conf import QueueSettings, get_settings
 from bumail_queue.delivery.dkim import Signatures
-from bumail_queue.delivery.envelope import Delivery, Envelope, Host, Resolver, Transport
+from bumail_queue.delivery.envelope import Delivery, Envelope, FollowingTransport, Host, Resolver, Transport
 from bumail_queue.delivery.routes import Destination, group_by_destination
 from bumail_queue.errors import QueueError
 from bumail_queue.items import Outcome, QueueItem, RecipientStatus, Reply
@@ -146,6 +148,8 @@ class Worker:
         self.clock = clock
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not a secret
         self.transport = transport or self._default_transport()
+        # The transport can begin the next item's transaction with a message's final dot.
+        self._following = cast(FollowingTransport, self.transport) if _takes_follow(self.transport) else None
         self._resolver = resolver
         self.stats = Stats()
         self._lease_until: dict[str, datetime] = {}
@@ -348,6 +352,36 @@ class Worker:
         pending = [r.address for r in item.pending_recipients]
         return {d.limit_key for d in group_by_destination(pending, self.settings)}
 
+    def _take_follower(self, destination: Destination, hosts: Sequence[Host], handoff: _Handoff) -> Envelope | None:
+        """Start the next waiting item for ``destination`` on the session of the one
+        whose final dot is about to go, and return its envelope; ``None`` if none waits.
+
+        Called by the transport from a delivery thread. The follower takes over its
+        predecessor's session and its ``DOMAIN_CONCURRENCY`` slot: the destination gets
+        no more sessions than before, and its next message costs one round trip. Only
+        an item whose every recipient goes to ``destination``, and whose message was
+        read with its claim, follows: the thread then goes straight to the session.
+        """
+        key = destination.limit_key
+        with self._changed:
+            if self.stopping or handoff.follower is not None:
+                return None
+            for index, (item, keys) in enumerate(self._waiting):
+                if keys != {key} or (message := self._prefetched.get(item.id)) is None:
+                    continue
+                addresses = [r.address for r in item.pending_recipients]
+                if list(group_by_destination(addresses, self.settings)) != [destination]:
+                    continue  # the same smarthost host and port, another route (user, TLS)
+                del self._waiting[index]
+                del self._prefetched[item.id]
+                self._in_flight[item.id] = item
+                self._sessions[item.id] = _Session(
+                    started=time.monotonic(), may_turn_slow=item.size <= SLOW_SESSION_MESSAGE_LIMIT
+                )
+                handoff.follower = _Follower(item=item, keys=keys, hosts=tuple(hosts), message=message)
+                return Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message)
+        return None
+
     def _start_what_fits(self, pool: ThreadPool) -> None:
         with self._changed:
             if self.stopping:
@@ -370,11 +404,14 @@ class Worker:
                 pool.submit(functools.partial(self._deliver, item, keys, pool))
             self._waiting = still_waiting
 
-    def _session_ended(self, item: QueueItem, keys: set[str], pool: ThreadPool, *, to_record: bool) -> None:
-        # The session's slots are free for the next item; the lease stays until recorded.
+    def _session_ended(
+        self, item: QueueItem, keys: set[str], pool: ThreadPool, *, to_record: bool, kept: set[str]
+    ) -> None:
+        # The session's slots are free for the next item, but those a follower took
+        # over with the session itself (``kept``); the lease stays until recorded.
         with self._changed:
             self._sessions.pop(item.id, None)
-            self._busy.subtract(keys)
+            self._busy.subtract(keys - kept)
             self._busy += Counter()  # drop the keys that reached zero
             if to_record:
                 self._ended.add(item.id)
@@ -508,18 +545,27 @@ class Worker:
     # -- one item ---------------------------------------------------------------------
 
     def _deliver(self, item: QueueItem, keys: set[str], pool: ThreadPool) -> None:
-        attempt = None
-        try:
-            attempt = self.attempt(item)
-        except QueueError as error:  # the store is down: said once, the lease brings the item back
-            report_error(error, item.id)
-        except Exception as error:  # a bug: the lease brings the item back
-            logger.exception("delivery failed item=%s", item.id, extra={"action": "error", "item_id": item.id})
-            report_error(error, item.id)
-        finally:
-            self._session_ended(item, keys, pool, to_record=attempt is not None)
-        if attempt is not None:
-            self._to_record.put(attempt)
+        # Then, on the same session, each follower that took it over as its
+        # predecessor's final dot went (see _take_follower).
+        follower: _Follower | None = None
+        while True:
+            handoff = _Handoff()
+            attempt = None
+            try:
+                attempt = self._attempt(item, follower=follower, handoff=handoff)
+            except QueueError as error:  # the store is down: said once, the lease brings the item back
+                report_error(error, item.id)
+            except Exception as error:  # a bug: the lease brings the item back
+                logger.exception("delivery failed item=%s", item.id, extra={"action": "error", "item_id": item.id})
+                report_error(error, item.id)
+            finally:
+                kept = handoff.follower.keys if handoff.follower is not None else set()
+                self._session_ended(item, keys, pool, to_record=attempt is not None, kept=kept)
+            if attempt is not None:
+                self._to_record.put(attempt)
+            if (follower := handoff.follower) is None:
+                return
+            item, keys = follower.item, follower.keys
 
     def _record_loop(self) -> None:
         # Every attempt that ended while the last batch was written goes in the next.
@@ -556,8 +602,18 @@ class Worker:
 
     def attempt(self, item: QueueItem) -> Attempt | None:
         """Try every pending recipient of ``item`` once; ``None`` if the item is gone."""
-        with self._changed:
-            message = self._prefetched.pop(item.id, None)
+        return self._attempt(item)
+
+    def _attempt(
+        self, item: QueueItem, *, follower: _Follower | None = None, handoff: _Handoff | None = None
+    ) -> Attempt | None:
+        """``attempt()``; a ``follower`` goes on the session its predecessor left it, and
+        the item that takes over this one's session, if one does, is put in ``handoff``."""
+        if follower is not None:
+            message: bytes | None = follower.message
+        else:
+            with self._changed:
+                message = self._prefetched.pop(item.id, None)
         if message is None:
             close_broken_connections()  # the only database use of a delivery thread
             message = self.store.read_message(item.id)
@@ -573,9 +629,15 @@ class Worker:
         remote_hosts: dict[str, str | None] = {}
         tls: dict[str, bool] = {}
         pending = [r.address for r in item.pending_recipients]
-        for destination, addresses in group_by_destination(pending, self.settings).items():
+        groups = list(group_by_destination(pending, self.settings).items())
+        for index, (destination, addresses) in enumerate(groups):
+            envelope = Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message)
             delivery = self._deliver_to(
-                destination, Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message)
+                destination,
+                envelope,
+                hosts=follower.hosts if follower is not None else None,
+                # Only the last destination's session may pass to a follower.
+                handoff=handoff if index == len(groups) - 1 else None,
             )
             for address in addresses:
                 outcomes[address] = delivery.outcomes[address]
@@ -585,18 +647,31 @@ class Worker:
         # the last pending recipient drops it from the store.
         return self._attempt_from(item, outcomes, remote_hosts, message=message, tls=tls)
 
-    def _deliver_to(self, destination: Destination, envelope: Envelope) -> Delivery:
+    def _deliver_to(
+        self,
+        destination: Destination,
+        envelope: Envelope,
+        *,
+        hosts: Sequence[Host] | None = None,
+        handoff: _Handoff | None = None,
+    ) -> Delivery:
         route = destination.route
-        if route.type == "smarthost":
+        if hosts is not None:
+            pass  # a follower: its predecessor's hosts, looked up a moment ago
+        elif route.type == "smarthost":
             assert route.host is not None and route.port is not None
-            hosts: Sequence[Host] = [Host(name=route.host, port=route.port)]
+            hosts = [Host(name=route.host, port=route.port)]
         else:
             assert destination.domain is not None
             found = self.resolver.destinations(destination.domain)
             if found.failure is not None:
                 return Delivery(outcomes=dict.fromkeys(envelope.recipients, found.failure), remote_host=None)
             hosts = found.hosts
-        delivery = self.transport.deliver(envelope, route=route, hosts=hosts)
+        if self._following is not None and handoff is not None:
+            follow = functools.partial(self._take_follower, destination, hosts, handoff)
+            delivery = self._following.deliver(envelope, route=route, hosts=hosts, follow=follow)
+        else:
+            delivery = self.transport.deliver(envelope, route=route, hosts=hosts)
         if delivery.option_error is not None:
             # The route's options were refused (4.3.5): the configuration is to fix.
             report_error(delivery.option_error, envelope.item_id)
@@ -648,3 +723,29 @@ class _Session:
         # A small message goes out in a round trip or two: a session of one that has
         # run this long spends its time waiting for the peer's replies.
         return self.may_turn_slow and now >= self.turns_slow_at
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class _Follower:
+    """An item started on the session its predecessor was ending: the same
+    destination, the same hosts, its message read with its claim."""
+
+    item: QueueItem
+    keys: set[str]
+    hosts: tuple[Host, ...]
+    message: bytes
+
+
+@dataclasses.dataclass(slots=True)
+class _Handoff:
+    """The follower that took over the session of the item being delivered, if one did."""
+
+    follower: _Follower | None = None
+
+
+def _takes_follow(transport: Transport) -> bool:
+    """Return whether ``transport.deliver`` takes ``follow`` (a ``FollowingTransport``)."""
+    try:
+        return "follow" in inspect.signature(transport.deliver).parameters
+    except (TypeError, ValueError):  # a callable without a signature Python can read
+        return False

@@ -30,7 +30,15 @@ class _Session:
     host: Host
     key: _Key
     last_used: float = 0.0
-    reused: bool = False  # taken from the pool: its first transaction starts with RSET
+    # Taken from the pool, or handed on with a follower's commands: until its first reply
+    # is read, a failure means the server had gone, and nothing is decided.
+    reused: bool = False
+    # Between transactions (after EHLO, the reply to a final dot, or a 2xx to RSET): the
+    # next MAIL needs no RSET before it (RFC 5321 §4.1.1.4: the dot ends the transaction).
+    clean: bool = False
+    # A follower's MAIL, RCPT and DATA went with the last final dot: the session is the
+    # follower's, not the pool's, when the delivery that sent that dot ends.
+    held: bool = False
 
 
 class _Pool:

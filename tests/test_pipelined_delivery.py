@@ -1,0 +1,116 @@
+"""The worker on a reused connection: the next item's MAIL, RCPT and DATA go with the
+final dot of the one before (RFC 2920), so each message after the first costs one round
+trip. Counted from the server's side, as the reads of its connection, never timed."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.mail import EmailMessage
+from django.test import override_settings
+
+from bumail_queue import queue
+from bumail_queue.items import RecipientStatus
+from bumail_queue.models import DeliveryLog
+from tests.helpers import smarthost
+from tests.servers.dns import DNSZone
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+N = 10
+
+
+def enqueue(n: int, domain: str = "example.org") -> list[str]:
+    return [
+        queue.enqueue(EmailMessage(f"Note {i}", "Hello.", "app@example.com", [f"user{i}@{domain}"])).id
+        for i in range(n)
+    ]
+
+
+def test_a_worker_sends_each_message_after_the_first_in_one_round_trip(smtp_server):
+    # One session at a time to the smarthost: every item goes over the one connection.
+    with override_settings(BUMAIL_QUEUE=smarthost(smtp_server, DOMAIN_CONCURRENCY=1)):
+        enqueue(N)
+        stats = queue.deliver_due()
+
+    assert (stats.items, stats.delivered) == (N, N)
+    assert queue.count() == 0
+    assert DeliveryLog.objects.filter(status=RecipientStatus.DELIVERED).count() == N
+    assert sorted(m.rcpt_tos[0] for m in smtp_server.messages) == sorted(f"user{i}@example.org" for i in range(N))
+    assert smtp_server.connections == 1
+    assert smtp_server.verbs() == ["EHLO"] + ["MAIL", "RCPT", "DATA"] * N + ["QUIT"]
+    mails = [c.read for c in smtp_server.commands if c.verb == "MAIL"]
+    dots = [m.read for m in smtp_server.messages]
+    # Each message's final dot came in one read with the next item's MAIL, RCPT and DATA,
+    # and each message took one read of its own: N reads, one round trip each.
+    assert mails[1:] == dots[:-1]
+    assert dots == list(range(dots[0], dots[0] + N))
+    assert len({c.read for c in smtp_server.commands}) == 2 + (N - 1) + 1  # EHLO, the first group, the rest, QUIT
+
+
+def test_without_pipelining_a_reused_connection_needs_no_rset_between_messages(smtp_servers):
+    server = smtp_servers(pipelining=False)
+    with override_settings(BUMAIL_QUEUE=smarthost(server, DOMAIN_CONCURRENCY=1)):
+        enqueue(3)
+        stats = queue.deliver_due()
+
+    assert stats.delivered == 3
+    assert server.connections == 1
+    assert server.verbs() == ["EHLO"] + ["MAIL", "RCPT", "DATA"] * 3 + ["QUIT"]
+    assert len({c.read for c in server.commands}) == len(server.commands)  # each command waited for its reply
+
+
+def test_a_follower_on_an_mx_route_goes_to_its_predecessors_host_without_a_lookup_of_its_own(smtp_server, dns_server):
+    dns_server.zone = DNSZone({
+        "example.test": {"MX": [(10, "mx1.example.test")]},
+        "mx1.example.test": {"A": ["127.0.0.1"]},
+    })  # fmt: skip
+    settings = {"HOSTNAME": "mta.example.com", **dns_server.queue_settings(smtp_server.port), "DOMAIN_CONCURRENCY": 1}
+    with override_settings(BUMAIL_QUEUE=settings):
+        enqueue(3, domain="example.test")
+        stats = queue.deliver_due()
+
+    assert stats.delivered == 3
+    assert smtp_server.connections == 1
+    assert [c.read for c in smtp_server.commands if c.verb == "MAIL"][1:] == [m.read for m in smtp_server.messages][:-1]
+    assert dns_server.queries.count(("example.test", "MX")) == 1  # the first item's
+
+
+def test_only_mail_to_the_same_destination_follows(smtp_servers):
+    first, second = smtp_servers(), smtp_servers()
+    settings = smarthost(
+        first,
+        DOMAIN_CONCURRENCY=1,
+        ROUTES={"example.net": {"TYPE": "smarthost", "HOST": "127.0.0.1", "PORT": second.port, "TLS": "none"}},
+    )
+    with override_settings(BUMAIL_QUEUE=settings):
+        for i in range(4):
+            domain = "example.org" if i % 2 == 0 else "example.net"
+            queue.enqueue(EmailMessage(f"Note {i}", "Hello.", "app@example.com", [f"user{i}@{domain}"]))
+        stats = queue.deliver_due()
+
+    assert stats.delivered == 4
+    assert [m.rcpt_tos for m in first.messages] == [["user0@example.org"], ["user2@example.org"]]
+    assert [m.rcpt_tos for m in second.messages] == [["user1@example.net"], ["user3@example.net"]]
+    for server in (first, second):
+        assert server.connections == 1
+        assert [c.read for c in server.commands if c.verb == "MAIL"][1] == server.messages[0].read
+
+
+def test_an_item_with_recipients_at_two_destinations_is_not_a_follower(smtp_servers):
+    first, second = smtp_servers(), smtp_servers()
+    settings = smarthost(
+        first,
+        DOMAIN_CONCURRENCY=1,
+        ROUTES={"example.net": {"TYPE": "smarthost", "HOST": "127.0.0.1", "PORT": second.port, "TLS": "none"}},
+    )
+    with override_settings(BUMAIL_QUEUE=settings):
+        queue.enqueue(EmailMessage("One", "Hello.", "app@example.com", ["a@example.org"]))
+        queue.enqueue(EmailMessage("Two", "Hello.", "app@example.com", ["b@example.org", "c@example.net"]))
+        stats = queue.deliver_due()
+
+    assert stats.delivered == 3
+    assert [m.rcpt_tos for m in first.messages] == [["a@example.org"], ["b@example.org"]]
+    assert [m.rcpt_tos for m in second.messages] == [["c@example.net"]]
+    # The second item went on its own, after the first's session was back in the pool.
+    assert [c.read for c in first.commands if c.verb == "MAIL"][1] != first.messages[0].read
+    assert first.connections == 1
