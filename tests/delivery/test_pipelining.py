@@ -6,7 +6,8 @@ the client shares one read."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -14,7 +15,8 @@ from bumail_queue.conf import Route
 from bumail_queue.delivery.envelope import Envelope, Host
 from bumail_queue.delivery.smtp import SMTPDelivery, SMTPTransport
 from bumail_queue.items import RecipientStatus
-from tests.helpers import MESSAGE, envelope, mx, only_reply
+from tests.helpers import MESSAGE, FakeClock, envelope, mx, only_reply, timeouts, wait_until
+from tests.servers.hostile_smtp import HostileSMTPServer, Peer
 from tests.servers.smtp import SMTPTestServer
 
 DELIVERED, DEFERRED, FAILED = RecipientStatus.DELIVERED, RecipientStatus.DEFERRED, RecipientStatus.FAILED
@@ -40,9 +42,15 @@ class Followers:
 
 
 def chain(transport: SMTPTransport, server: SMTPTestServer, *envelopes: Envelope) -> list[SMTPDelivery]:
-    """Deliver ``envelopes`` as a worker's thread does: each follows the one before it."""
+    """Deliver ``envelopes`` as a worker's thread does: each follows the one before it
+    when that one's final dot asks for it, else it starts on its own."""
     follow = Followers(*envelopes[1:])
-    return [transport.deliver(e, route=MX, hosts=[mx(server)], follow=follow) for e in envelopes]
+    deliveries = []
+    for e in envelopes:
+        if e in follow.waiting:  # no dot asked for it: it was never handed on
+            follow.waiting.remove(e)
+        deliveries.append(transport.deliver(e, route=MX, hosts=[mx(server)], follow=follow))
+    return deliveries
 
 
 def letter(n: int, *recipients: str) -> Envelope:
@@ -178,9 +186,10 @@ def test_a_follower_never_delivered_is_dropped_when_the_transport_closes(
 ):
     transport.deliver(letter(1), route=MX, hosts=[mx(smtp_server)], follow=Followers(letter(2)))
     assert transport.pooled_count() == 0  # the session is the follower's, not the pool's
+    assert wait_until(lambda: smtp_server.verbs()[-3:] == ["MAIL", "RCPT", "DATA"])  # the server waits for a message
     transport.close()
+    assert wait_until(lambda: smtp_server.open_connections() == 0)
     assert [m.rcpt_tos for m in smtp_server.messages] == [["r1@example.org"]]
-    assert smtp_server.verbs()[-3:] == ["MAIL", "RCPT", "DATA"]
 
 
 def test_a_follower_that_cannot_be_sent_at_all_is_not_begun(smtp_server: SMTPTestServer, transport: SMTPTransport):
@@ -214,3 +223,147 @@ def test_a_follower_through_another_host_object_of_the_same_server_goes_on(
     delivery = transport.deliver(letter(2), route=MX, hosts=[same])
     assert only_reply(delivery)[0] is DELIVERED
     assert smtp_server.connections == 1
+
+
+# -- connection reuse: its lifetime, and QUIT ----------------------------------------------
+
+
+def test_a_connection_is_not_reused_once_it_has_been_open_300_seconds(
+    smtp_server: SMTPTestServer, transports: Callable[..., SMTPTransport]
+):
+    clock = FakeClock()
+    transport = transports(reuse_seconds=1000, clock=clock)
+    transport.deliver(letter(1), route=MX, hosts=[mx(smtp_server)])
+    clock.now += 299
+    transport.deliver(letter(2), route=MX, hosts=[mx(smtp_server)])
+    assert smtp_server.connections == 1
+    clock.now += 2  # Postfix's smtp_connection_reuse_time_limit: a new connection, whatever the traffic
+    transport.deliver(letter(3), route=MX, hosts=[mx(smtp_server)])
+    assert smtp_server.connections == 2
+    assert smtp_server.verbs(1)[-1] == "QUIT"
+    assert [m.connection for m in smtp_server.messages] == [1, 1, 2]
+
+
+def test_closing_sends_every_quit_before_reading_a_reply(
+    hostile: Callable[[Callable[[Peer], None]], HostileSMTPServer], transport: SMTPTransport
+):
+    second_heard_quit = threading.Event()
+
+    def first(peer: Peer) -> None:
+        peer.send(GREETING)
+        peer.serve_until("QUIT")
+        # Answer only once the other connection has its QUIT: a client that waited for
+        # this reply before saying QUIT there would time out here.
+        second_heard_quit.wait(30)
+        peer.send(b"221 2.0.0 Bye\r\n")
+
+    def second(peer: Peer) -> None:
+        peer.send(GREETING)
+        peer.serve_until("QUIT")
+        second_heard_quit.set()
+        peer.send(b"221 2.0.0 Bye\r\n")
+
+    servers = hostile(first), hostile(second)
+    for n, server in enumerate(servers, 1):
+        assert only_reply(transport.deliver(letter(n), route=MX, hosts=[mx(server)]))[0] is DELIVERED
+    assert transport.pooled_count() == 2
+    transport.close()
+    peers = [server.peers[0] for server in servers]
+    assert wait_until(lambda: all(p.finished or p.hung_up for p in peers))
+    assert [(p.finished, p.hung_up) for p in peers] == [(True, False), (True, False)]
+
+
+# -- hostile servers stay bounded ------------------------------------------------------------
+
+GREETING = b"220 hostile.test ESMTP\r\n"
+
+
+def serve_one_pipelined(peer: Peer) -> None:
+    """Greet, offer PIPELINING, take one transaction of one recipient up to its final dot."""
+    peer.send(GREETING)
+    peer.read_line()
+    peer.send(b"250-hostile.test\r\n250-PIPELINING\r\n250 8BITMIME\r\n")
+    assert [peer.read_line().split(" ")[0] for _ in range(3)] == ["MAIL", "RCPT", "DATA"]
+    peer.send(b"250 2.1.0 OK\r\n250 2.1.5 OK\r\n354 Go ahead\r\n")
+    while peer.read_line() != ".":
+        pass
+
+
+@pytest.fixture
+def hostile() -> Iterator[Callable[[Callable[[Peer], None]], HostileSMTPServer]]:
+    started: list[HostileSMTPServer] = []
+
+    def start(script: Callable[[Peer], None]) -> HostileSMTPServer:
+        started.append(HostileSMTPServer(script))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def test_extra_replies_after_the_dot_are_read_in_order_and_the_follower_is_not_sent(
+    hostile: Callable[[Callable[[Peer], None]], HostileSMTPServer], transports: Callable[..., SMTPTransport]
+):
+    def script(peer: Peer) -> None:
+        serve_one_pipelined(peer)
+        peer.send(b"250 2.0.0 Queued\r\n250 2.0.0 Extra\r\n250 2.0.0 Extra\r\n")
+        peer.serve_until("QUIT")  # the follower's MAIL, RCPT and DATA, answered as they come
+
+    server = hostile(script)
+    transport = transports(timeouts=timeouts(mail=0.5, rcpt=0.5, data=0.5, data_end=0.5))
+    first, second = chain(transport, server, letter(1), letter(2))
+
+    assert only_reply(first)[:2] == (DELIVERED, 250)
+    # Each reply went to the next command: the follower's DATA got the reply to its MAIL,
+    # a 250 where only 354 sends the message. Nothing was sent, and the connection dropped.
+    status, code, enhanced, text = only_reply(second)
+    assert (status, code, enhanced) == (DEFERRED, None, "4.5.0")
+    assert text.startswith("Unexpected reply 250 to DATA")
+    [peer] = server.peers
+    assert wait_until(lambda: peer.hung_up or peer.finished)
+    assert peer.commands.count(".") == 1
+    assert transport.pooled_count() == 0
+
+
+def test_a_server_silent_to_the_followers_commands_is_left_within_the_mail_timeout(
+    hostile: Callable[[Callable[[Peer], None]], HostileSMTPServer], transports: Callable[..., SMTPTransport]
+):
+    def script(peer: Peer) -> None:
+        serve_one_pipelined(peer)
+        peer.send(b"250 2.0.0 Queued\r\n")
+        if peer.number == 1:
+            peer.hold()  # no reply to the follower's MAIL, RCPT or DATA
+        peer.serve_until("QUIT")
+
+    server = hostile(script)
+    transport = transports(timeouts=timeouts(mail=0.5))
+    first, second = chain(transport, server, letter(1), letter(2))
+
+    assert only_reply(first)[0] is DELIVERED
+    # No reply came to anything of the follower's: nothing was decided there, and it was
+    # sent on a new connection once TIMEOUTS["MAIL"] ran out.
+    assert only_reply(second)[0] is DELIVERED
+    assert len(server.peers) == 2
+    assert wait_until(lambda: server.peers[0].hung_up)
+
+
+def test_a_server_silent_after_the_dot_defers_that_message_and_the_follower_takes_a_new_connection(
+    hostile: Callable[[Callable[[Peer], None]], HostileSMTPServer], transports: Callable[..., SMTPTransport]
+):
+    def script(peer: Peer) -> None:
+        serve_one_pipelined(peer)
+        if peer.number == 1:
+            peer.hold()  # no reply to the dot, nor to the follower's commands
+        peer.send(b"250 2.0.0 Queued\r\n")
+        peer.serve_until("QUIT")
+
+    server = hostile(script)
+    transport = transports(timeouts=timeouts(data_end=0.5))
+    first, second = chain(transport, server, letter(1), letter(2))
+
+    status, code, enhanced, text = only_reply(first)
+    assert (status, code, enhanced) == (DEFERRED, None, "4.4.2")
+    assert 'TIMEOUTS["DATA_END"]' in text
+    assert only_reply(second)[0] is DELIVERED
+    assert len(server.peers) == 2

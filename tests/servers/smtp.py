@@ -28,7 +28,7 @@ client a moment ago) and records:
   that waits for its replies between writes share one;
 - ``logins``: the usernames that logged in.
 
-``hang_up(reply=None)`` closes every open connection from the server's side, as an
+``open_connections()`` counts the connections open now; ``hang_up(reply=None)`` closes every open connection from the server's side, as an
 idle timeout does, after saying ``reply`` (``"421 4.4.2 Idle for too long"``) if given.
 
 Knobs, given to ``smtp_servers(...)`` or set as attributes at any time (a reply knob
@@ -191,6 +191,10 @@ class SMTPTestServer:
     def verbs(self, connection: int | None = None) -> list[str]:
         """Return the verbs received, on one connection or on all."""
         return [c.verb for c in self.commands if connection is None or c.connection == connection]
+
+    def open_connections(self) -> int:
+        """Return how many connections are open now."""
+        return len(self._live)
 
     def hang_up(self, reply: str | None = None) -> None:
         """Close every open connection from the server's side, saying ``reply`` first if given."""

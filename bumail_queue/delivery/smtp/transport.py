@@ -87,7 +87,7 @@ class SMTPTransport:
         self._opener = _Opener(hostname=hostname, steps=self._steps, contexts=_Contexts(ssl_context), clock=clock)
         self._transactions = _Transactions(self._steps, dkim)
         self._unreachable = _UnreachableHosts(seconds=unreachable_memory_seconds, clock=clock)
-        self._reuse_seconds = max(0.0, reuse_seconds)
+        self._reuse_seconds = max(0.0, reuse_seconds)  # also how long a follower's session waits for it
         self._primed: dict[str, _Primed] = {}  # by the follower's item id
         self._primed_lock = threading.Lock()
 
@@ -297,10 +297,12 @@ class SMTPTransport:
     def _primer(self, session: _Session, follow: Follow | None) -> _Follow | None:
         """Return what asks for the follower when ``session``'s last final dot is about
         to go, and gives its first commands; ``None`` when the session is not kept."""
-        if follow is None or self._reuse_seconds <= 0:
+        if follow is None:
             return None
 
         def prime() -> bytes | None:
+            if not self._pool.reusable(session):
+                return None  # it is closed after this message
             follower = follow()
             return None if follower is None else self._prime(session, follower)
 
