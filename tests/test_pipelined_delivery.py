@@ -4,6 +4,8 @@ trip. Counted from the server's side, as the reads of its connection, never time
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from django.core.mail import EmailMessage
 from django.test import override_settings
@@ -11,7 +13,7 @@ from django.test import override_settings
 from bumail_queue import queue
 from bumail_queue.items import RecipientStatus
 from bumail_queue.models import DeliveryLog
-from tests.helpers import smarthost
+from tests.helpers import smarthost, wait_until
 from tests.servers.dns import DNSZone
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -114,3 +116,25 @@ def test_an_item_with_recipients_at_two_destinations_is_not_a_follower(smtp_serv
     # The second item went on its own, after the first's session was back in the pool.
     assert [c.read for c in first.commands if c.verb == "MAIL"][1] != first.messages[0].read
     assert first.connections == 1
+
+
+def test_the_default_settings_give_one_destination_twenty_sessions_at_once(smtp_server):
+    # Postfix's default_destination_concurrency_limit: a worker's default reaches a
+    # distant smarthost on 20 sessions, where 5 capped it at about 100 messages a second.
+    smtp_server.hold_dots = True
+    with override_settings(BUMAIL_QUEUE=smarthost(smtp_server)):
+        enqueue(25)
+        passes: list[object] = []
+        delivering = threading.Thread(target=lambda: passes.append(queue.deliver_due()))
+        delivering.start()
+        try:
+            assert wait_until(lambda: smtp_server.held == 20)
+        finally:
+            smtp_server.hold_dots = False
+            delivering.join(30)
+
+    assert passes[0].delivered == 25
+    # Every item was claimed at once, so each session the limit allowed began at once on
+    # a connection of its own; the other five went on those connections afterwards.
+    assert smtp_server.connections == 20
+    assert smtp_server.most_held == 20

@@ -56,6 +56,9 @@ and ``auth_require_tls`` when a connection opens; ``implicit_tls`` at start):
 ``message_reply``
     The reply after the final dot (``"250 2.0.0 Queued"``), or a list for the
     successive messages, its last one repeating.
+``hold_dots``
+    While ``True``, the reply to each final dot waits (``held`` counts the replies
+    waiting now, ``most_held`` the most at once); set it ``False`` to let them go.
 ``drop_at`` / ``stall_at`` and ``stall_seconds`` (30)
     A step at which the server closes the connection without a reply, or waits
     ``stall_seconds`` before going on: ``"greeting"``, ``"EHLO"``, ``"HELO"``,
@@ -160,6 +163,7 @@ class SMTPTestServer:
     drop_at: str | None = None
     stall_at: str | None = None
     stall_seconds: float = 30.0
+    hold_dots: bool = False
     tls: ssl.SSLContext | None = None
     implicit_tls: bool = False
     auth: tuple[str, str] | None = None
@@ -176,6 +180,8 @@ class SMTPTestServer:
     commands: list[Command] = dataclasses.field(default_factory=list, init=False)
     logins: list[str] = dataclasses.field(default_factory=list, init=False)
     connections: int = dataclasses.field(default=0, init=False)
+    held: int = dataclasses.field(default=0, init=False)
+    most_held: int = dataclasses.field(default=0, init=False)
 
     def __post_init__(self) -> None:
         for step in (self.drop_at, self.stall_at):
@@ -360,6 +366,12 @@ class _Handler:
 
     async def handle_DATA(self, server: _ScriptedSMTP, session: Any, envelope: Any) -> str:
         await server.scripted("DATA_END")
+        if self.script.hold_dots:
+            self.script.held += 1
+            self.script.most_held = max(self.script.most_held, self.script.held)
+            while self.script.hold_dots:
+                await asyncio.sleep(0.01)
+            self.script.held -= 1
         reply = self.script._message_reply()
         if reply.startswith("2"):
             self.script.messages.append(
