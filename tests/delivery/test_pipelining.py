@@ -192,6 +192,52 @@ def test_a_follower_never_delivered_is_dropped_when_the_transport_closes(
     assert [m.rcpt_tos for m in smtp_server.messages] == [["r1@example.org"]]
 
 
+def test_close_idle_leaves_a_session_whose_dot_is_still_waiting_for_its_reply(
+    smtp_server: SMTPTestServer, transports: Callable[..., SMTPTransport]
+):
+    clock = FakeClock()
+    transport = transports(reuse_seconds=10, clock=clock)
+    smtp_server.hold_dots = True  # the first message's reply takes longer than reuse_seconds
+    first: list[SMTPDelivery] = []
+    follow = Followers(letter(2))
+    sending = threading.Thread(
+        target=lambda: first.append(transport.deliver(letter(1), route=MX, hosts=[mx(smtp_server)], follow=follow))
+    )
+    sending.start()
+    try:
+        assert wait_until(lambda: smtp_server.held == 1)
+        clock.now += 11
+        transport.close_idle()  # the worker's loop, between claims
+    finally:
+        smtp_server.hold_dots = False
+        sending.join(30)
+
+    assert only_reply(first[0])[0] is DELIVERED
+    assert only_reply(transport.deliver(letter(2), route=MX, hosts=[mx(smtp_server)]))[0] is DELIVERED
+    assert smtp_server.connections == 1
+
+
+def test_a_follower_that_does_not_come_within_reuse_seconds_is_dropped(
+    smtp_server: SMTPTestServer, transports: Callable[..., SMTPTransport]
+):
+    clock = FakeClock()
+    transport = transports(reuse_seconds=10, clock=clock)
+    transport.deliver(letter(1), route=MX, hosts=[mx(smtp_server)], follow=Followers(letter(2)))
+    assert wait_until(lambda: smtp_server.verbs()[-3:] == ["MAIL", "RCPT", "DATA"])
+    clock.now += 5
+    transport.close_idle()
+    assert smtp_server.open_connections() == 1
+    clock.now += 6
+    transport.close_idle()
+    assert wait_until(lambda: smtp_server.open_connections() == 0)
+    # Its delivery, late, goes on a new connection; the dropped one delivered nothing.
+    assert only_reply(transport.deliver(letter(2), route=MX, hosts=[mx(smtp_server)]))[0] is DELIVERED
+    assert [(m.rcpt_tos, m.connection) for m in smtp_server.messages] == [
+        (["r1@example.org"], 1),
+        (["r2@example.org"], 2),
+    ]
+
+
 def test_a_follower_that_cannot_be_sent_at_all_is_not_begun(smtp_server: SMTPTestServer, transport: SMTPTransport):
     unsendable = envelope("bad\r\naddress@example.org", item_id="item-2")
     first, second = chain(transport, smtp_server, letter(1), unsendable)

@@ -42,9 +42,9 @@ class _Session:
     # Between transactions (after EHLO, the reply to a final dot, or a 2xx to RSET): the
     # next MAIL needs no RSET before it (RFC 5321 §4.1.1.4: the dot ends the transaction).
     clean: bool = False
-    # A follower's MAIL, RCPT and DATA went with the last final dot: the session is the
-    # follower's, not the pool's, when the delivery that sent that dot ends.
-    held: bool = False
+    # The item whose MAIL, RCPT and DATA went with the last final dot: the session is
+    # that follower's, not the pool's, when the delivery that sent the dot ends.
+    held_for: str | None = None
 
 
 class _Pool:

@@ -40,15 +40,16 @@ class SMTPDelivery(Delivery):
     option_error: RouteOptionError | None = None
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class _Primed:
     """A follower's transaction begun on its predecessor's session: its commands went
-    with the predecessor's final dot, and their replies wait to be read."""
+    with the predecessor's final dot, and their replies wait to be read. ``since``:
+    when the predecessor's delivery left the session (``None`` while it still reads)."""
 
     session: _Session
     plan: _Plan
     opening: _Opening
-    since: float
+    since: float | None = None
 
 
 class SMTPTransport:
@@ -196,7 +197,7 @@ class SMTPTransport:
     def close(self) -> None:
         """QUIT and close every pooled connection."""
         self._pool.close()
-        self._drop_primed(older_than=0.0)
+        self._drop_primed(older_than=None)
 
     def pooled_count(self) -> int:
         """Return how many idle connections the pool holds."""
@@ -288,8 +289,10 @@ class SMTPTransport:
         finally:
             if not reusable:
                 session.conn.close()  # a follower primed on it finds it closed: it was not tried
-            elif not session.held:
+            elif session.held_for is None:
                 self._pool.give(session)
+            else:
+                self._leave_to_follower(session, session.held_for)
         return True
 
     # -- followers (RFC 2920: the next transaction's commands with the final dot) ----
@@ -319,16 +322,23 @@ class SMTPTransport:
         opening = self._transactions.opening(plan, plan.todo, reset=False) if plan.todo else None
         if opening is None:
             return None
-        session.held = True
+        session.held_for = envelope.item_id
         with self._primed_lock:
-            self._primed[envelope.item_id] = _Primed(session=session, plan=plan, opening=opening, since=self._clock())
+            self._primed[envelope.item_id] = _Primed(session=session, plan=plan, opening=opening)
         return opening.data
+
+    def _leave_to_follower(self, session: _Session, item_id: str) -> None:
+        """The delivery that sent the final dot is done with ``session``: from now on it
+        waits for its follower (``close_idle()`` drops it once ``reuse_seconds`` pass)."""
+        with self._primed_lock:
+            if (primed := self._primed.get(item_id)) is not None:
+                primed.since = self._clock()
 
     def _take_primed(self, item_id: str) -> _Primed | None:
         with self._primed_lock:
             primed = self._primed.pop(item_id, None)
         if primed is not None:
-            primed.session.held = False
+            primed.session.held_for = None
         return primed
 
     def _resume(
@@ -359,14 +369,19 @@ class SMTPTransport:
             return session
         return None
 
-    def _drop_primed(self, *, older_than: float) -> None:
-        """Close the sessions primed for a follower whose delivery never came."""
+    def _drop_primed(self, *, older_than: float | None) -> None:
+        """Close the sessions primed for a follower whose delivery never came: those left
+        ``older_than`` seconds ago, or all of them (``None``, when the transport closes)."""
         now = self._clock()
         with self._primed_lock:
-            dropped = [i for i, p in self._primed.items() if now - p.since >= older_than]
-            sessions = [self._primed.pop(i).session for i in dropped]
+            dropped = [
+                item_id
+                for item_id, primed in self._primed.items()
+                if older_than is None or (primed.since is not None and now - primed.since >= older_than)
+            ]
+            sessions = [self._primed.pop(item_id).session for item_id in dropped]
         for session in sessions:
-            session.conn.close()
+            session.conn.close()  # the server drops the transaction begun: nothing is delivered
 
     def _settle(self, pending: Iterable[str], outcomes: dict[str, Outcome], failure: _StepError) -> None:
         outcome = Outcome(status=failure.status, reply=failure.reply)
