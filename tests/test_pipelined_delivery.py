@@ -77,14 +77,15 @@ def test_a_follower_on_an_mx_route_goes_to_its_predecessors_host_without_a_looku
     assert dns_server.queries.count(("example.test", "MX")) == 1  # the first item's
 
 
+def two_smarthosts(first, second):
+    """Settings that send example.net's mail to ``second`` and the rest to ``first``, one session at a time."""
+    route = {"TYPE": "smarthost", "HOST": "127.0.0.1", "PORT": second.port, "TLS": "none"}
+    return smarthost(first, DOMAIN_CONCURRENCY=1, ROUTES={"example.net": route})
+
+
 def test_only_mail_to_the_same_destination_follows(smtp_servers):
     first, second = smtp_servers(), smtp_servers()
-    settings = smarthost(
-        first,
-        DOMAIN_CONCURRENCY=1,
-        ROUTES={"example.net": {"TYPE": "smarthost", "HOST": "127.0.0.1", "PORT": second.port, "TLS": "none"}},
-    )
-    with override_settings(BUMAIL_QUEUE=settings):
+    with override_settings(BUMAIL_QUEUE=two_smarthosts(first, second)):
         for i in range(4):
             domain = "example.org" if i % 2 == 0 else "example.net"
             queue.enqueue(EmailMessage(f"Note {i}", "Hello.", "app@example.com", [f"user{i}@{domain}"]))
@@ -100,12 +101,7 @@ def test_only_mail_to_the_same_destination_follows(smtp_servers):
 
 def test_an_item_with_recipients_at_two_destinations_is_not_a_follower(smtp_servers):
     first, second = smtp_servers(), smtp_servers()
-    settings = smarthost(
-        first,
-        DOMAIN_CONCURRENCY=1,
-        ROUTES={"example.net": {"TYPE": "smarthost", "HOST": "127.0.0.1", "PORT": second.port, "TLS": "none"}},
-    )
-    with override_settings(BUMAIL_QUEUE=settings):
+    with override_settings(BUMAIL_QUEUE=two_smarthosts(first, second)):
         queue.enqueue(EmailMessage("One", "Hello.", "app@example.com", ["a@example.org"]))
         queue.enqueue(EmailMessage("Two", "Hello.", "app@example.com", ["b@example.org", "c@example.net"]))
         stats = queue.deliver_due()

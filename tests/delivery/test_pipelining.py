@@ -7,7 +7,7 @@ the client shares one read."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -22,11 +22,7 @@ from tests.servers.smtp import SMTPTestServer
 DELIVERED, DEFERRED, FAILED = RecipientStatus.DELIVERED, RecipientStatus.DEFERRED, RecipientStatus.FAILED
 MX = Route(type="mx")
 Servers = Callable[..., SMTPTestServer]
-
-
-@pytest.fixture
-def transport(transports: Callable[..., SMTPTransport]) -> SMTPTransport:
-    return transports()
+Hostile = Callable[[Callable[[Peer], None]], HostileSMTPServer]
 
 
 class Followers:
@@ -290,9 +286,7 @@ def test_a_connection_is_not_reused_once_it_has_been_open_300_seconds(
     assert [m.connection for m in smtp_server.messages] == [1, 1, 2]
 
 
-def test_closing_sends_every_quit_before_reading_a_reply(
-    hostile: Callable[[Callable[[Peer], None]], HostileSMTPServer], transport: SMTPTransport
-):
+def test_closing_sends_every_quit_before_reading_a_reply(hostile_smtp: Hostile, transport: SMTPTransport):
     second_heard_quit = threading.Event()
 
     def first(peer: Peer) -> None:
@@ -309,7 +303,7 @@ def test_closing_sends_every_quit_before_reading_a_reply(
         second_heard_quit.set()
         peer.send(b"221 2.0.0 Bye\r\n")
 
-    servers = hostile(first), hostile(second)
+    servers = hostile_smtp(first), hostile_smtp(second)
     for n, server in enumerate(servers, 1):
         assert only_reply(transport.deliver(letter(n), route=MX, hosts=[mx(server)]))[0] is DELIVERED
     assert transport.pooled_count() == 2
@@ -335,28 +329,15 @@ def serve_one_pipelined(peer: Peer) -> None:
         pass
 
 
-@pytest.fixture
-def hostile() -> Iterator[Callable[[Callable[[Peer], None]], HostileSMTPServer]]:
-    started: list[HostileSMTPServer] = []
-
-    def start(script: Callable[[Peer], None]) -> HostileSMTPServer:
-        started.append(HostileSMTPServer(script))
-        return started[-1]
-
-    yield start
-    for server in started:
-        server.stop()
-
-
 def test_extra_replies_after_the_dot_are_read_in_order_and_the_follower_is_not_sent(
-    hostile: Callable[[Callable[[Peer], None]], HostileSMTPServer], transports: Callable[..., SMTPTransport]
+    hostile_smtp: Hostile, transports: Callable[..., SMTPTransport]
 ):
     def script(peer: Peer) -> None:
         serve_one_pipelined(peer)
         peer.send(b"250 2.0.0 Queued\r\n250 2.0.0 Extra\r\n250 2.0.0 Extra\r\n")
         peer.serve_until("QUIT")  # the follower's MAIL, RCPT and DATA, answered as they come
 
-    server = hostile(script)
+    server = hostile_smtp(script)
     transport = transports(timeouts=timeouts(mail=0.5, rcpt=0.5, data=0.5, data_end=0.5))
     first, second = chain(transport, server, letter(1), letter(2))
 
@@ -373,7 +354,7 @@ def test_extra_replies_after_the_dot_are_read_in_order_and_the_follower_is_not_s
 
 
 def test_a_server_silent_to_the_followers_commands_is_left_within_the_mail_timeout(
-    hostile: Callable[[Callable[[Peer], None]], HostileSMTPServer], transports: Callable[..., SMTPTransport]
+    hostile_smtp: Hostile, transports: Callable[..., SMTPTransport]
 ):
     def script(peer: Peer) -> None:
         serve_one_pipelined(peer)
@@ -382,7 +363,7 @@ def test_a_server_silent_to_the_followers_commands_is_left_within_the_mail_timeo
             peer.hold()  # no reply to the follower's MAIL, RCPT or DATA
         peer.serve_until("QUIT")
 
-    server = hostile(script)
+    server = hostile_smtp(script)
     transport = transports(timeouts=timeouts(mail=0.5))
     first, second = chain(transport, server, letter(1), letter(2))
 
@@ -395,7 +376,7 @@ def test_a_server_silent_to_the_followers_commands_is_left_within_the_mail_timeo
 
 
 def test_a_server_silent_after_the_dot_defers_that_message_and_the_follower_takes_a_new_connection(
-    hostile: Callable[[Callable[[Peer], None]], HostileSMTPServer], transports: Callable[..., SMTPTransport]
+    hostile_smtp: Hostile, transports: Callable[..., SMTPTransport]
 ):
     def script(peer: Peer) -> None:
         serve_one_pipelined(peer)
@@ -404,7 +385,7 @@ def test_a_server_silent_after_the_dot_defers_that_message_and_the_follower_take
         peer.send(b"250 2.0.0 Queued\r\n")
         peer.serve_until("QUIT")
 
-    server = hostile(script)
+    server = hostile_smtp(script)
     transport = transports(timeouts=timeouts(data_end=0.5))
     first, second = chain(transport, server, letter(1), letter(2))
 

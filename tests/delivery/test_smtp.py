@@ -38,11 +38,6 @@ MX = Route(type="mx")
 Servers = Callable[..., SMTPTestServer]
 
 
-@pytest.fixture
-def transport(transports: Callable[..., SMTPTransport]) -> SMTPTransport:
-    return transports()
-
-
 def smarthost(server: SMTPTestServer, **options: Any) -> Route:
     options.setdefault("tls", "starttls")
     return Route(type="smarthost", host="127.0.0.1", port=server.port, tls_required=options["tls"] != "none", **options)
