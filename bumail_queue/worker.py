@@ -21,6 +21,11 @@ threads, one per session (SMTP is I/O, and ``smtplib`` blocks). The loop:
 3. sleeps until a delivery ends, a session turns slow while items wait, the store
    announces new work, or ``POLL_SECONDS``.
 
+A delivery thread whose message's final dot is about to go on a kept connection to a
+server that offers PIPELINING takes a follower (``_take_follower``): the next waiting
+item for the same destination starts on that session, in its slot, its commands sent
+with the dot (RFC 2920), and the thread delivers it next: one round trip a message.
+
 A delivery thread hands its attempt to the recorder thread and takes the next item
 while the outcome is written: the recorder thread lets a batch fill while sessions
 are under way, and the ``Recorder`` writes it in one commit, then sends the signals
