@@ -260,8 +260,9 @@ class _Transactions:
         while todo:
             if not session.clean:
                 self._rset(session, item_id, deadline)
-            if plan.smtputf8:
-                conn.command_encoding = "utf-8"  # RSET sets it back to ASCII
+            # smtplib writes commands in ASCII unless told; no RSET need come between two
+            # transactions now, so each one says which it is.
+            conn.command_encoding = plan.encoding
             session.clean = False
             try:
                 code, raw = self._first_reply(
