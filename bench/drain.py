@@ -1,14 +1,20 @@
 """How fast one worker drains the queue to a local SMTP sink, and to a distant one.
 
     python bench/drain.py [--n N] [--concurrency C] [--postgres URL] [--redis URL] [--smtp-sink PATH] [--dkim]
-                          [--only local,distant] [--n-remote N] [--remote-delay-ms MS]
+                          [--suppression] [--shaping] [--only local,distant] [--n-remote N] [--remote-delay-ms MS]
 
 ``local``: one Markdown table: for SQLite, PostgreSQL and Redis (with PostgreSQL as
 Django's database, which keeps the delivery log), ``queue.deliver_due()`` (the
 worker's own loop, claims, sessions and records) with connection reuse on and off,
 and, as the ceiling, plain ``smtplib`` sending the same messages over one connection
 with no queue at all. ``--dkim`` adds SQLite rows whose mail is signed with an
-RSA-2048 or an Ed25519 key. The sink is Postfix's ``smtp-sink`` on a loopback port.
+RSA-2048 or an Ed25519 key; ``--suppression`` adds, for each store, a row with
+``SUPPRESSION`` off beside the default (on), the suppression list's cost.
+``--shaping`` adds, for each store, the rows of a ``SHAPING`` entry whose limits are
+never reached, so that what they cost is the store's round trips alone: ``RATE`` (one
+per session) beside the row with connection reuse on, ``CONCURRENCY`` (one before and
+one after each session, and no reuse) beside the row with reuse off. The sink is
+Postfix's ``smtp-sink`` on a loopback port.
 
 ``distant``: a second table, on PostgreSQL, with the worker's default settings, to
 ``bench/distant_sink.py`` (aiosmtpd, in a process of its own): a smarthost that waits
@@ -56,6 +62,15 @@ from bench.run import (  # noqa: E402 - the path above comes first
 
 SINK_PORT = 52700
 
+# SHAPING entries whose limits a drain never reaches: what is measured is the cost of
+# asking the store, by the rows with connection reuse on (RATE: one round trip per
+# session, reuse kept) and off (CONCURRENCY: one round trip before and one after,
+# and a counted session keeps no connection anyway).
+SHAPED = {
+    True: ("worker, reuse on, SHAPING RATE never reached", {"*": {"RATE": "1000000/s"}}),
+    False: ("worker, reuse off, SHAPING CONCURRENCY never reached", {"*": {"CONCURRENCY": 1000}}),
+}
+
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -94,6 +109,7 @@ def drain_round(
     port: int,
     redis_url: str | None = None,
     dkim: list[dict[str, str]] | None = None,
+    extra: dict[str, object] | None = None,
 ) -> tuple[str, float, int]:
     """Enqueue n, then time one burst of the worker; return (store, seconds, delivered)."""
     if redis_url is not None:
@@ -112,6 +128,7 @@ def drain_round(
         "CONNECTION_REUSE_SECONDS": reuse,
         "CONCURRENCY": concurrency,
         "DKIM": dkim or [],
+        **(extra or {}),
     }
     with override_settings(BUMAIL_QUEUE=settings):
         service = QueueService()
@@ -257,6 +274,12 @@ def main() -> int:
     parser.add_argument(
         "--dkim", action="store_true", help="add rows signed with RSA-2048 and Ed25519 (SQLite, reuse on; extra dkim)"
     )
+    parser.add_argument(
+        "--suppression", action="store_true", help="add rows with SUPPRESSION off (reuse on), for the list's cost"
+    )
+    parser.add_argument(
+        "--shaping", action="store_true", help="add rows with a SHAPING entry never reached: its round trips' cost"
+    )
     parser.add_argument("--only", default="local,distant", help="the tables to make: local, distant or both")
     parser.add_argument("--n-remote", type=int, default=1000, help="messages of each distant row (default 1000)")
     parser.add_argument("--remote-delay-ms", type=float, default=50, help="how far the distant sink is (default 50)")
@@ -303,6 +326,30 @@ def main() -> int:
                             delivered / seconds,
                             check,
                         )
+                    )
+                    if args.shaping:
+                        what, shaping = SHAPED[reuse > 0]
+                        label, seconds, delivered = in_child(
+                            drain_round,
+                            url,
+                            args.n,
+                            args.concurrency,
+                            reuse,
+                            port,
+                            redis_url,
+                            None,
+                            {"SHAPING": shaping},
+                        )
+                        check = "ok" if delivered == args.n else f"only {delivered} delivered"
+                        rows.append((what, label, args.concurrency, delivered / seconds, check))
+            if args.suppression:
+                for url, redis_url in stores:
+                    label, seconds, delivered = in_child(
+                        drain_round, url, args.n, args.concurrency, 10.0, port, redis_url, None, {"SUPPRESSION": False}
+                    )
+                    check = "ok" if delivered == args.n else f"only {delivered} delivered"
+                    rows.append(
+                        ("worker, reuse on, SUPPRESSION off", label, args.concurrency, delivered / seconds, check)
                     )
             if args.dkim:
                 for algorithm in ("rsa-sha256", "ed25519-sha256"):

@@ -205,6 +205,32 @@ def envelope_form(address: str) -> str:
         return address
 
 
+def normal_domain(domain: str) -> str:
+    """Return the form domains are compared in: lowercase IDNA2008 A-labels
+    (:func:`a_labels`), no trailing dot. A domain IDNA2008 refuses is returned
+    lowercase, as no A-label form can equal it."""
+    domain = domain.rstrip(".").lower()
+    try:
+        return a_labels(domain)
+    except UnicodeError:
+        return domain
+
+
+def normal_address(address: str) -> str:
+    """Return the form addresses are compared in (the suppression list's key): the
+    local part as written, the domain as :func:`normal_domain` gives it.
+
+    RFC 5321 §2.4: a local part "MUST be treated as case sensitive" by every host but
+    its own, so ``Ann@example.org`` and ``ann@example.org`` stay two addresses; the
+    domain is DNS's, where case means nothing and ``bücher.example`` is
+    ``xn--bcher-kva.example``.
+    """
+    local, at, domain = address.rpartition("@")
+    if not at:
+        return address
+    return f"{local}@{normal_domain(domain)}"
+
+
 def domain_of(address: str) -> str:
     """Return the domain of an address, lowercased, after its last ``@``: the key of routes,
     limits, the delivery log and the queue's shape.

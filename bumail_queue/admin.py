@@ -4,7 +4,8 @@ The item pages read the queue through the queue service and its store, never thr
 the ``Item`` model, so they are the same pages whatever store keeps the queue (the
 ORM, Redis, a store of your own); ``Item`` is registered for its URLs and its
 permissions only. Items change only through ``queue.retry_now`` and ``queue.cancel``,
-which respect the workers' leases.
+which respect the workers' leases. The suppression list's pages are made the same
+way, over ``queue.search_suppressions``, ``queue.suppress`` and ``queue.unsuppress``.
 
 Permissions, checked on the server for every request: the model's *view* permission
 for the pages and the ``.eml`` download, *change* to retry, *delete* to cancel. No
@@ -23,6 +24,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlencode
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
@@ -48,11 +50,14 @@ from django.utils.translation import gettext_lazy, ngettext
 
 from . import delivery_log
 from .conf import get_settings
+from .errors import QueueError
 from .items import QueueItem, Recipient, RecipientStatus, reply_line
 from .models import DeliveryLog, Item
+from .models import Suppression as SuppressionModel
 from .preview import HeadSummary, preview, srcdoc_for, summarize_head
 from .queries import ItemState, QueueSummary, bucket_labels, is_estimate, state_of
-from .service import queue
+from .service import MAX_NOTE, queue
+from .suppression import Suppression
 
 #: The Content-Security-Policy of every queue page: scripts from this site only, nothing
 #: framed from elsewhere. Inline styles are allowed because a message preview's frame
@@ -69,8 +74,9 @@ LIST_RECIPIENTS = 3
 if TYPE_CHECKING:  # ModelAdmin is generic for django-stubs only
     _ItemAdminBase = admin.ModelAdmin[Item]
     _LogAdminBase = admin.ModelAdmin[DeliveryLog]
+    _SuppressionAdminBase = admin.ModelAdmin[SuppressionModel]
 else:
-    _ItemAdminBase = _LogAdminBase = admin.ModelAdmin
+    _ItemAdminBase = _LogAdminBase = _SuppressionAdminBase = admin.ModelAdmin
 
 RETRY = "retry_now"
 CANCEL = "cancel"
@@ -81,6 +87,17 @@ def _secure(response: HttpResponseBase) -> HttpResponseBase:
     response["X-Content-Type-Options"] = "nosniff"
     response["Referrer-Policy"] = "same-origin"
     return response
+
+
+def _page(model_admin: admin.ModelAdmin[Any], view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
+    """A page of ours: ``admin_view`` (active staff only, CSRF-protected, never cached), sent ``_secure``."""
+    return model_admin.admin_site.admin_view(lambda *args, **kwargs: _secure(view(*args, **kwargs)))
+
+
+def _url_of(model_admin: admin.ModelAdmin[Any], name: str, *args: Any) -> str:
+    """The URL of one of ``model_admin``'s pages, on its own admin site."""
+    opts = model_admin.opts
+    return reverse(f"{model_admin.admin_site.name}:{opts.app_label}_{opts.model_name}_{name}", args=args)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -177,21 +194,16 @@ class ItemAdmin(_ItemAdminBase):
 
     def get_urls(self) -> list[URLPattern]:
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
-
-        def wrap(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
-            # admin_view: active staff only, CSRF-protected, never cached.
-            return self.admin_site.admin_view(lambda *args, **kwargs: _secure(view(*args, **kwargs)))
-
         return [
-            path("", wrap(self.changelist_view), name=f"{prefix}_changelist"),
-            path("overview/", wrap(self.overview_view), name=f"{prefix}_overview"),
-            path("<str:object_id>/change/", wrap(self.change_view), name=f"{prefix}_change"),
-            path("<str:object_id>/message.eml", wrap(self.eml_view), name=f"{prefix}_eml"),
-            path("<str:object_id>/", wrap(self.item_redirect), name=f"{prefix}_item"),
+            path("", _page(self, self.changelist_view), name=f"{prefix}_changelist"),
+            path("overview/", _page(self, self.overview_view), name=f"{prefix}_overview"),
+            path("<str:object_id>/change/", _page(self, self.change_view), name=f"{prefix}_change"),
+            path("<str:object_id>/message.eml", _page(self, self.eml_view), name=f"{prefix}_eml"),
+            path("<str:object_id>/", _page(self, self.item_redirect), name=f"{prefix}_item"),
         ]
 
     def _url(self, name: str, *args: Any) -> str:
-        return reverse(f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_{name}", args=args)
+        return _url_of(self, name, *args)
 
     def _log_url(self) -> str | None:
         try:
@@ -424,6 +436,8 @@ class ItemAdmin(_ItemAdminBase):
         self._require(self.has_view_permission, request)
         summary = queue.summary()
         context = self._context(request, _("Mail queue overview"), **overview_context(summary, self._url("changelist")))
+        if get_settings().shaping:
+            context["destinations"] = [(state, state.is_throttled(summary.now)) for state in queue.destination_states()]
         if request.user.has_perm("bumail_queue.view_deliverylog") and get_settings().delivery_log:
             since = summary.now - timedelta(hours=24)
             counted = (
@@ -488,6 +502,173 @@ def age_text(since: datetime, now: datetime) -> str:
     if now - since < timedelta(minutes=1):
         return _("under a minute")
     return timesince(since, now, depth=1)
+
+
+# -- the suppression list -------------------------------------------------------------------
+
+REMOVE = "remove"
+
+
+class SuppressForm(forms.Form):
+    """The admin's form to add an address to the suppression list."""
+
+    address = forms.CharField(label=gettext_lazy("Address"), max_length=320)
+    note = forms.CharField(
+        label=gettext_lazy("Note"),
+        required=False,
+        max_length=MAX_NOTE,
+        help_text=gettext_lazy("Why, for whoever reads the list later."),
+    )
+    days = forms.IntegerField(
+        label=gettext_lazy("Days"),
+        required=False,
+        min_value=1,
+        max_value=3650,
+        help_text=gettext_lazy("How long the entry lasts; empty for SUPPRESSION_DURATION."),
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class SuppressionRow:
+    """An entry as the list shows it."""
+
+    entry: Suppression
+    reply: str
+    age: str
+    expires_in: str
+
+
+@admin.register(SuppressionModel)
+class SuppressionAdmin(_SuppressionAdminBase):
+    """The suppression list, read and changed through the queue service (any store).
+
+    *view* for the list, *add* to add an address, *delete* to remove one; the model is
+    registered for its URLs and those permissions only, as ``Item`` is.
+    """
+
+    list_per_page = 100
+
+    def get_urls(self) -> list[URLPattern]:
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
+        return [
+            path("", _page(self, self.changelist_view), name=f"{prefix}_changelist"),
+            path("add/", _page(self, self.add_view), name=f"{prefix}_add"),
+        ]
+
+    def _url(self, name: str) -> str:
+        return _url_of(self, name)
+
+    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+        return {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "opts": self.opts,
+            "app_label": self.opts.app_label,
+            "has_view_permission": self.has_view_permission(request),
+            "can_add": self.has_add_permission(request),
+            "can_remove": self.has_delete_permission(request),
+            "changelist_url": self._url("changelist"),
+            "add_url": self._url("add"),
+            "suppression_on": get_settings().suppression,
+            **extra,
+        }
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        if request.method == "POST":
+            return self._remove(request)
+        text = (request.GET.get("q") or "").strip()[:320]
+        try:
+            page = max(1, int(request.GET.get("p", "1")))
+        except ValueError:
+            page = 1
+        per_page = self.list_per_page
+        # One more than the page: whether there is a next page, without a count.
+        found = queue.search_suppressions(text=text or None, offset=(page - 1) * per_page, limit=per_page + 1)
+        entries, has_next = found[:per_page], len(found) > per_page
+        now = timezone.now()
+
+        def link(**changes: Any) -> str:
+            merged = {"q": text, "p": page, **changes}
+            return "?" + urlencode({k: v for k, v in merged.items() if v not in (None, "", 1)})
+
+        context = self._context(
+            request,
+            _("Suppressed addresses"),
+            rows=[
+                SuppressionRow(
+                    entry=entry,
+                    reply=reply_line(entry.reply),
+                    age=age_text(entry.created_at, now),
+                    expires_in=timeuntil(entry.expires_at, now, depth=1),
+                )
+                for entry in entries
+            ],
+            query=text,
+            page=page,
+            previous_url=link(p=page - 1) if page > 1 else None,
+            next_url=link(p=page + 1) if has_next else None,
+            total=None if text else queue.count_suppressions(),
+            return_to=request.get_full_path(),
+            media=self.media,
+            **(extra_context or {}),
+        )
+        return TemplateResponse(request, "admin/bumail_queue/suppression/change_list.html", context)
+
+    def _remove(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_delete_permission(request):
+            raise PermissionDenied
+        back = request.POST.get("next") or ""
+        if not url_has_allowed_host_and_scheme(
+            back, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+        ):
+            back = ""
+        addresses = list(dict.fromkeys(request.POST.getlist(ACTION_CHECKBOX_NAME)))
+        if request.POST.get("action") != REMOVE:
+            self.message_user(request, _("Choose an action."), messages.WARNING)
+        elif not addresses:
+            self.message_user(request, _("Select the addresses to remove first."), messages.WARNING)
+        else:
+            removed = len(queue.unsuppress(addresses))
+            gone = len(addresses) - removed
+            parts = [ngettext("%d address removed", "%d addresses removed", removed) % removed]
+            if gone:
+                parts.append(ngettext("%d was no longer on the list", "%d were no longer on the list", gone) % gone)
+            self.message_user(request, "; ".join(parts) + ".", messages.SUCCESS if removed else messages.WARNING)
+        return HttpResponseRedirect(back or self._url("changelist"))
+
+    def add_view(
+        self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        form = SuppressForm(request.POST if request.method == "POST" else None)
+        if request.method == "POST" and form.is_valid():
+            days = form.cleaned_data["days"]
+            try:
+                entry = queue.suppress(
+                    form.cleaned_data["address"].strip(),
+                    note=form.cleaned_data["note"],
+                    duration=None if days is None else timedelta(days=days),
+                )
+            except QueueError as error:
+                if error.code != "INVALID":
+                    raise
+                form.add_error("address", error.message)
+            else:
+                self.message_user(
+                    request,
+                    _("%(address)s is suppressed until %(until)s.")
+                    % {"address": entry.address, "until": f"{entry.expires_at:%Y-%m-%d %H:%M %Z}"},
+                    messages.SUCCESS,
+                )
+                return HttpResponseRedirect(self._url("changelist"))
+        context = self._context(request, _("Suppress an address"), form=form, **(extra_context or {}))
+        return TemplateResponse(request, "admin/bumail_queue/suppression/add_form.html", context)
+
+    class Media:
+        css: ClassVar[dict[str, tuple[str, ...]]] = {"all": ("bumail_queue/admin.css",)}
 
 
 # -- the delivery log ---------------------------------------------------------------------

@@ -9,7 +9,7 @@ from django.apps import AppConfig
 from django.conf import settings as django_settings
 from django.core import checks
 
-from .conf import SETTING_NAME, effective_hostname, get_settings, not_fqdn_reason, validate
+from .conf import SETTING_NAME, QueueSettings, effective_hostname, get_settings, not_fqdn_reason, validate
 from .delivery.dkim import ADVISED_RSA_BITS, DKIMError, describe, load_key
 from .errors import QueueError
 
@@ -173,3 +173,86 @@ def check_development_mail_goes_out(
             id="bumail_queue.W006",
         )
     ]
+
+
+@checks.register("bumail_queue")
+def check_metrics_installed(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn when a metrics setting is given but prometheus-client, which serves them, is not installed."""
+    raw = getattr(django_settings, SETTING_NAME, {})
+    given = [key for key in ("METRICS_DOMAINS", "METRICS_TOKEN") if isinstance(raw, dict) and raw.get(key)]
+    if not given:
+        return []
+    from .metrics import PROMETHEUS_MISSING, prometheus_installed
+
+    if prometheus_installed():
+        return []
+    return [
+        checks.Warning(
+            f"BUMAIL_QUEUE sets {' and '.join(given)}, but no metrics can be served: {PROMETHEUS_MISSING}",
+            hint="Install the extra, or remove the setting.",
+            obj=SETTING_NAME,
+            id="bumail_queue.W007",
+        )
+    ]
+
+
+def check_shaping(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Report ``SHAPING`` on a store that keeps no buckets (E029), and warn about a
+    pattern no session can match because its mail goes through a smarthost (W008)."""
+    if validate(getattr(django_settings, SETTING_NAME, {})):
+        return []
+    settings = get_settings()
+    if not settings.shaping:
+        return []
+    from .stores import store_from_settings
+
+    try:
+        store = store_from_settings(settings)
+    except QueueError:
+        return []  # check_store reports it
+    found: list[checks.CheckMessage] = []
+    if not store.supports_shaping:
+        found.append(
+            checks.Error(
+                f"BUMAIL_QUEUE['SHAPING'] is set, but the store {type(store).__name__} keeps no shaping state, "
+                "so no limit could hold across workers.",
+                hint="Use the 'orm' or 'redis' store, or give the store take_permit() and the other shaping methods "
+                "(docs/shaping.md), and set supports_shaping.",
+                obj=SETTING_NAME,
+                id="bumail_queue.E029",
+            )
+        )
+    for pattern in settings.shaping:
+        problem = _never_shaped(settings, pattern)
+        if problem:
+            found.append(
+                checks.Warning(
+                    f"BUMAIL_QUEUE['SHAPING'][{pattern!r}] never applies: {problem}",
+                    hint="Through a smarthost the session, and any 'slow down', is the smarthost's: "
+                    "shape it by its HOST (docs/shaping.md, 'Which key a destination takes').",
+                    obj=SETTING_NAME,
+                    id="bumail_queue.W008",
+                )
+            )
+    return found
+
+
+def _never_shaped(settings: QueueSettings, pattern: str) -> str | None:
+    """Say why ``pattern`` can match no session, or return ``None`` when some may."""
+    smarthosts = {
+        r.host.lower() for r in (settings.route, *settings.routes.values()) if r.type == "smarthost" and r.host
+    }
+    if pattern == "*" or pattern in smarthosts:
+        return None
+    if pattern.startswith("."):
+        if settings.route.type == "mx" or any(r.type == "mx" for r in settings.routes.values()):
+            return None
+        if any(host.endswith(pattern) for host in smarthosts):
+            return None
+        return "every route is a smarthost, so no mail goes to MX hosts whose names it could end."
+    route = settings.route_for(pattern)
+    if route.type == "smarthost":
+        return (
+            f"mail to {pattern} goes through the smarthost {route.host}, whose host name is the key its sessions take."
+        )
+    return None

@@ -13,10 +13,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import importlib.util
 import ipaddress
 import math
+import os
 import re
 import socket
+import ssl
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Final
@@ -25,8 +28,10 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .addresses import a_labels
+from .addresses import normal_domain
 from .errors import QueueConfigurationError
+from .shaping import DEFAULT_PATTERN, SLOW_START_INITIAL, Limits, parse_rate
+from .sts import STSMode
 
 SETTING_NAME: Final = "BUMAIL_QUEUE"
 
@@ -62,6 +67,12 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     # a message whose signing fails waits (deferred) unless DKIM_UNSIGNED_ON_ERROR.
     "DKIM": [],
     "DKIM_UNSIGNED_ON_ERROR": False,
+    # RFC 8461 for MX delivery, as KumoMTA has it: on unless turned off. The policy is
+    # fetched over HTTPS from port MTA_STS_HTTPS_PORT; TLS_CA_FILE (None: the system's
+    # trust store) verifies policy hosts, MX hosts under a policy and smarthosts.
+    "MTA_STS": True,
+    "MTA_STS_HTTPS_PORT": 443,
+    "TLS_CA_FILE": None,
     # RFC 5321 §4.5.4.1: retries at least 30 minutes apart, growing, with jitter.
     "RETRY_MIN_DELAY": timedelta(minutes=30),
     "RETRY_MAX_DELAY": timedelta(hours=4),
@@ -74,6 +85,22 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     # The delivery log: each recipient's outcome, kept after the item left the queue.
     "DELIVERY_LOG": True,
     "DELIVERY_LOG_RETENTION": timedelta(days=30),
+    # A task framework to send a delivery task to on commit of each enqueue
+    # (docs/tasks.md): None (off), "django", "celery", or a dict with FRAMEWORK.
+    "TASKS": None,
+    # Prometheus metrics (docs/metrics.md): the recipient domains that get a label of
+    # their own (every other is "other"), and the bearer token of the metrics view.
+    "METRICS_DOMAINS": [],
+    "METRICS_TOKEN": None,
+    # The suppression list: addresses whose mailbox or domain does not exist, or whose
+    # delivery time expired twice within SUPPRESSION_EXPIRY_WINDOW (None: never), fail
+    # at once for SUPPRESSION_DURATION; SUPPRESSION_DSN: with a DSN, as other failures.
+    "SUPPRESSION": True,
+    "SUPPRESSION_DURATION": timedelta(days=30),
+    "SUPPRESSION_EXPIRY_WINDOW": timedelta(days=30),
+    "SUPPRESSION_DSN": True,
+    # Limits per destination pattern, held across every worker (docs/shaping.md).
+    "SHAPING": {},
 }
 
 #: RFC 5321 §4.5.3.2's timeouts, in seconds; ``TIMEOUTS`` overrides any of them.
@@ -96,6 +123,19 @@ BUILTIN_STORES: Final = {
     "redis": "bumail_queue.stores.redis.RedisStore",
 }
 
+#: The task frameworks ``TASKS`` may name, each with the module of its delivery task.
+TASK_FRAMEWORKS: Final = {
+    "django": "bumail_queue.tasks.django",
+    "celery": "bumail_queue.tasks.celery",
+}
+#: What each framework needs importable: Django 6's own module, or the backport.
+_TASK_FRAMEWORK_MODULES: Final = {"django": ("django.tasks", "django_tasks"), "celery": ("celery",)}
+_TASK_KEYS: Final = {
+    "django": {"FRAMEWORK", "BACKEND", "QUEUE", "CLAIM_SECONDS"},
+    "celery": {"FRAMEWORK", "QUEUE", "CLAIM_SECONDS"},
+}
+DEFAULT_TASK_CLAIM_SECONDS: Final = 60.0
+
 ROUTE_TYPES: Final = ("mx", "smarthost")
 TLS_MODES: Final = ("starttls", "implicit", "none")
 _ROUTE_KEYS: Final = {
@@ -107,6 +147,12 @@ _HOSTNAME = re.compile(
 )
 _REDIS_PREFIX = re.compile(r"[a-z][a-z0-9_:.\-]{0,39}")
 _PORT = re.compile(r"[0-9]{1,5}")
+#: The most ``METRICS_DOMAINS`` a project may name: each is a label value of every
+#: worker's attempt counters, and Prometheus keeps a series per value.
+MAX_METRICS_DOMAINS: Final = 50
+#: The shortest ``METRICS_TOKEN``: 16 characters, guessed by no one.
+MIN_METRICS_TOKEN: Final = 16
+_TOKEN = re.compile(r"[\x21-\x7e]+")
 # Durations beyond this are a mistake (and beyond what a timer or timedelta holds).
 _MAX_DURATION_SECONDS = 10 * 366 * 24 * 3600
 # The longest a step may wait: 2**31 - 1 ms (about 24 days), the most a timer of
@@ -125,7 +171,13 @@ class Problem:
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Route:
-    """Where mail for a domain goes: its MX hosts, or a smarthost."""
+    """Where mail for a domain goes: its MX hosts, or a smarthost.
+
+    ``mta_sts`` is never set from the settings: the worker sets it on an MX route when
+    the recipient domain's MTA-STS policy applies (RFC 8461). ``enforce`` requires
+    STARTTLS and a certificate valid for the MX host's name; ``testing`` checks the
+    same, reports what failed, and goes on as without a policy.
+    """
 
     type: str
     host: str | None = None
@@ -135,6 +187,7 @@ class Route:
     tls: str = "starttls"
     tls_verify: bool = True
     tls_required: bool = False
+    mta_sts: STSMode | None = None
 
 
 DKIM_ALGORITHMS: Final = ("rsa-sha256", "ed25519-sha256")
@@ -170,6 +223,17 @@ class Timeouts:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class TaskSettings:
+    """``TASKS``: the framework the delivery tasks are sent to, and how (docs/tasks.md)."""
+
+    framework: str  # a key of TASK_FRAMEWORKS
+    module: str  # the module of its delivery task
+    backend: str = "default"  # the django.tasks backend alias
+    queue: str | None = None  # None: the framework's own default (or Celery's routes)
+    claim_seconds: float = DEFAULT_TASK_CLAIM_SECONDS
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class QueueSettings:
     """The validated ``BUMAIL_QUEUE``; see ``docs/settings.md`` for each field."""
 
@@ -196,6 +260,9 @@ class QueueSettings:
     unreachable_host_memory: timedelta
     dkim: tuple[DKIMSigner, ...]
     dkim_unsigned_on_error: bool
+    mta_sts: bool
+    mta_sts_https_port: int
+    tls_ca_file: str | None
     retry_min_delay: timedelta
     retry_max_delay: timedelta
     retry_factor: float
@@ -206,6 +273,14 @@ class QueueSettings:
     poll_seconds: float
     delivery_log: bool
     delivery_log_retention: timedelta | None
+    suppression: bool
+    suppression_duration: timedelta
+    suppression_expiry_window: timedelta | None
+    suppression_dsn: bool
+    tasks: TaskSettings | None = None
+    metrics_domains: frozenset[str] = frozenset()
+    metrics_token: str | None = dataclasses.field(default=None, repr=False)
+    shaping: Mapping[str, Limits] = dataclasses.field(default_factory=dict)
 
     @property
     def lease(self) -> timedelta:
@@ -218,14 +293,9 @@ class QueueSettings:
 
 
 def normalise_domain(domain: str) -> str:
-    """Return the form domains are compared in: lowercase IDNA2008 A-labels
-    (:func:`~bumail_queue.addresses.a_labels`), no trailing dot. A domain IDNA2008
-    refuses is returned lowercase, as no A-label form can equal it."""
-    domain = domain.rstrip(".").lower()
-    try:
-        return a_labels(domain)
-    except UnicodeError:
-        return domain
+    """Return the form domains are compared in (:func:`~bumail_queue.addresses.normal_domain`):
+    lowercase IDNA2008 A-labels, no trailing dot."""
+    return normal_domain(domain)
 
 
 # Suffixes of names that are no fully qualified domain name of a mail host, though
@@ -274,6 +344,11 @@ class _Validator:
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             allowed = "a whole number above 0" + (", or None" if optional else "")
             self.add(check_id, key, f"BUMAIL_QUEUE['{key}'] must be {allowed}; got {value!r}.")
+
+    def port(self, raw: Mapping[str, Any], key: str, check_id: str) -> None:
+        value = raw.get(key, DEFAULTS[key])
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+            self.add(check_id, key, f"BUMAIL_QUEUE['{key}'] must be a port number from 1 to 65535; got {value!r}.")
 
     def duration(self, raw: Mapping[str, Any], key: str, check_id: str, *, zero_is_off: bool = False) -> float | None:
         """Check a duration; return it in seconds, or ``None`` when it is not valid.
@@ -450,13 +525,7 @@ def validate(raw: Any) -> list[Problem]:
                 )
             check.route(route, f"BUMAIL_QUEUE['ROUTES'][{domain!r}]")
 
-    mx_port = raw.get("MX_PORT", DEFAULTS["MX_PORT"])
-    if isinstance(mx_port, bool) or not isinstance(mx_port, int) or not 0 < mx_port < 65536:
-        check.add(
-            "bumail_queue.E008",
-            "MX_PORT",
-            f"BUMAIL_QUEUE['MX_PORT'] must be a port number from 1 to 65535; got {mx_port!r}.",
-        )
+    check.port(raw, "MX_PORT", "bumail_queue.E008")
     nameservers = raw.get("DNS_NAMESERVERS")
     if nameservers is not None and (
         isinstance(nameservers, str)
@@ -491,6 +560,7 @@ def validate(raw: Any) -> list[Problem]:
         check.positive_int(raw, key, "bumail_queue.E021")
     check.duration(raw, "UNREACHABLE_HOST_MEMORY", "bumail_queue.E021", zero_is_off=True)
     _check_dkim(check, raw)
+    _check_mta_sts(check, raw)
     min_delay = check.duration(raw, "RETRY_MIN_DELAY", "bumail_queue.E015")
     max_delay = check.duration(raw, "RETRY_MAX_DELAY", "bumail_queue.E015")
     if min_delay is not None and max_delay is not None and min_delay > max_delay:
@@ -568,7 +638,230 @@ def validate(raw: Any) -> list[Problem]:
         )
     if raw.get("DELIVERY_LOG_RETENTION", DEFAULTS["DELIVERY_LOG_RETENTION"]) is not None:
         check.duration(raw, "DELIVERY_LOG_RETENTION", "bumail_queue.E020")
+    for problem in _task_problems(raw.get("TASKS")):
+        check.add("bumail_queue.E025", "TASKS", f"BUMAIL_QUEUE['TASKS'] {problem}.")
+    _check_metrics(check, raw)
+    _check_suppression(check, raw)
+    _check_shaping(check, raw.get("SHAPING", DEFAULTS["SHAPING"]))
     return check.problems
+
+
+def _task_problems(value: Any) -> list[str]:
+    """What is wrong with ``TASKS``; finding the framework imports nothing of it."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = {"FRAMEWORK": value}
+    if not isinstance(value, Mapping):
+        return [f"must be None, 'django', 'celery' or a dict with 'FRAMEWORK'; got {value!r}"]
+    framework = value.get("FRAMEWORK")
+    if framework not in TASK_FRAMEWORKS:
+        return [f"names the framework {framework!r}; it must be one of {', '.join(map(repr, TASK_FRAMEWORKS))}"]
+    problems = [
+        f"has a key a {framework!r} set-up does not take: {key!r} (allowed: {', '.join(sorted(_TASK_KEYS[framework]))})"
+        for key in sorted(set(value) - _TASK_KEYS[framework], key=repr)
+    ]
+    for key in ("BACKEND", "QUEUE"):
+        if key in value and not (isinstance(value[key], str) and value[key]):
+            problems.append(f"['{key}'] must be a non-empty string; got {value[key]!r}")
+    seconds = value.get("CLAIM_SECONDS", DEFAULT_TASK_CLAIM_SECONDS)
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds <= 3600:
+        problems.append(f"['CLAIM_SECONDS'] must be a number of seconds above 0 and at most 3600; got {seconds!r}")
+    if not any(_importable(module) for module in _TASK_FRAMEWORK_MODULES[framework]):
+        problems.append(_missing_framework(framework))
+    elif framework == "django":
+        problems += _django_task_backend_problems(value.get("BACKEND", "default"))
+    return problems
+
+
+def task_framework(raw: Any) -> str | None:
+    """The framework a raw ``BUMAIL_QUEUE`` names in ``TASKS``, read without validating
+    the rest (``None``: off, or a value ``validate()`` refuses)."""
+    value = raw.get("TASKS") if isinstance(raw, Mapping) else None
+    framework = value.get("FRAMEWORK") if isinstance(value, Mapping) else value
+    return framework if isinstance(framework, str) and framework in TASK_FRAMEWORKS else None
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # its parent package is missing
+        return False
+
+
+def _missing_framework(framework: str) -> str:
+    if framework == "celery":
+        return "names Celery, which is not installed: pip install 'bumail_queue[celery]'"
+    return (
+        "names django.tasks, which Django 6.0 brings and Django 5.2 has from the django-tasks package: "
+        "pip install 'bumail_queue[tasks]', or upgrade Django"
+    )
+
+
+def _django_task_backend_problems(backend: Any) -> list[str]:
+    if not isinstance(backend, str) or not backend:
+        return []  # said above
+    # Django's TASKS (and the backport's) default to one "default" backend.
+    aliases = getattr(django_settings, "TASKS", None) or {"default": {}}
+    if backend in aliases:
+        return []
+    return [f"['BACKEND'] is {backend!r}, which is not an alias of the TASKS setting ({', '.join(map(repr, aliases))})"]
+
+
+def _tasks_from(raw: Any) -> TaskSettings | None:
+    if raw is None:
+        return None
+    value = {"FRAMEWORK": raw} if isinstance(raw, str) else raw
+    return TaskSettings(
+        framework=value["FRAMEWORK"],
+        module=TASK_FRAMEWORKS[value["FRAMEWORK"]],
+        backend=value.get("BACKEND", "default"),
+        queue=value.get("QUEUE"),
+        claim_seconds=float(value.get("CLAIM_SECONDS", DEFAULT_TASK_CLAIM_SECONDS)),
+    )
+
+
+def _check_metrics(check: _Validator, raw: Mapping[str, Any]) -> None:
+    """Check ``METRICS_DOMAINS`` (a bounded list of domains: label values) and
+    ``METRICS_TOKEN`` (never repeated in a message: it is a secret)."""
+    domains = raw.get("METRICS_DOMAINS", DEFAULTS["METRICS_DOMAINS"])
+    if isinstance(domains, str) or not isinstance(domains, list | tuple | set | frozenset):
+        check.add(
+            "bumail_queue.E026",
+            "METRICS_DOMAINS",
+            f"BUMAIL_QUEUE['METRICS_DOMAINS'] must be a list of recipient domains such as ['gmail.com']; got {domains!r}.",
+        )
+    else:
+        bad = [d for d in domains if not (isinstance(d, str) and _is_dkim_domain(d))]
+        if bad:
+            check.add(
+                "bumail_queue.E026",
+                "METRICS_DOMAINS",
+                f"BUMAIL_QUEUE['METRICS_DOMAINS'] must hold domain names such as 'gmail.com'; these are not: "
+                f"{', '.join(map(repr, bad))}.",
+            )
+        elif len({normalise_domain(d) for d in domains}) > MAX_METRICS_DOMAINS:
+            check.add(
+                "bumail_queue.E026",
+                "METRICS_DOMAINS",
+                f"BUMAIL_QUEUE['METRICS_DOMAINS'] names {len(domains)} domains; at most {MAX_METRICS_DOMAINS} may "
+                "have a label of their own (each multiplies the series Prometheus keeps).",
+            )
+    token = raw.get("METRICS_TOKEN")
+    if token is not None and not (
+        isinstance(token, str) and len(token) >= MIN_METRICS_TOKEN and _TOKEN.fullmatch(token)
+    ):
+        check.add(
+            "bumail_queue.E026",
+            "METRICS_TOKEN",
+            f"BUMAIL_QUEUE['METRICS_TOKEN'] must be None or a string of at least {MIN_METRICS_TOKEN} printable "
+            "ASCII characters without spaces (python -c 'import secrets; print(secrets.token_urlsafe(32))' "
+            "makes one).",
+        )
+
+
+def _check_suppression(check: _Validator, raw: Mapping[str, Any]) -> None:
+    for key in ("SUPPRESSION", "SUPPRESSION_DSN"):
+        if not isinstance(raw.get(key, DEFAULTS[key]), bool):
+            check.add("bumail_queue.E030", key, f"BUMAIL_QUEUE['{key}'] must be True or False; got {raw[key]!r}.")
+    check.duration(raw, "SUPPRESSION_DURATION", "bumail_queue.E030")
+    if raw.get("SUPPRESSION_EXPIRY_WINDOW", DEFAULTS["SUPPRESSION_EXPIRY_WINDOW"]) is not None:
+        check.duration(raw, "SUPPRESSION_EXPIRY_WINDOW", "bumail_queue.E030")
+
+
+_SHAPING_KEYS: Final = ("CONCURRENCY", "RATE", "SLOW_START", "SUSPEND")
+
+
+def shaping_pattern(key: Any) -> str | None:
+    """Return a ``SHAPING`` key in the form it is matched in, or ``None`` for one that is
+    no pattern: ``"*"``, a domain (``"example.com"``), or a dot and a domain, an MX host
+    suffix (``".google.com"``), each lowercase in A-labels."""
+    if key == DEFAULT_PATTERN:
+        return DEFAULT_PATTERN
+    if not isinstance(key, str) or not key.strip("."):
+        return None
+    suffix = key.startswith(".")
+    name = normalise_domain(key[1:] if suffix else key)
+    if not _HOSTNAME.fullmatch(name) or name.endswith(".") or _is_ip(name):
+        return None
+    return f".{name}" if suffix else name
+
+
+def _check_shaping(check: _Validator, shaping: Any) -> None:
+    where = "BUMAIL_QUEUE['SHAPING']"
+    if not isinstance(shaping, Mapping):
+        check.add(
+            "bumail_queue.E028",
+            "SHAPING",
+            f"{where} must be a dict of destination pattern to limits; got {type(shaping).__name__}.",
+        )
+        return
+    seen: dict[str, Any] = {}
+    for key, limits in shaping.items():
+        pattern = shaping_pattern(key)
+        if pattern is None:
+            check.add(
+                "bumail_queue.E028",
+                "SHAPING",
+                f"{where} has a key that is no destination pattern: {key!r}. A key is a recipient domain "
+                "('example.com'), an MX host suffix starting with a dot ('.google.com'), or '*' for every other destination.",
+            )
+        elif pattern in seen:
+            check.add(
+                "bumail_queue.E028", "SHAPING", f"{where} names {pattern!r} twice: {seen[pattern]!r} and {key!r}."
+            )
+        else:
+            seen[pattern] = key
+        for problem in _limits_problems(limits):
+            check.add("bumail_queue.E028", "SHAPING", f"{where}[{key!r}] {problem}.")
+
+
+def _limits_problems(limits: Any) -> list[str]:
+    if not isinstance(limits, Mapping):
+        return [f"must be a dict of {', '.join(_SHAPING_KEYS)}; got {type(limits).__name__}"]
+    problems = [
+        f"has the unknown key {key!r} (it takes {', '.join(_SHAPING_KEYS)})"
+        for key in sorted(set(limits) - set(_SHAPING_KEYS), key=repr)
+    ]
+    concurrency = limits.get("CONCURRENCY")
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        problems.append(f"has a CONCURRENCY that is not a whole number above 0: {concurrency!r}")
+        concurrency = None
+    if limits.get("RATE") is not None and parse_rate(limits["RATE"]) is None:
+        problems.append(
+            f"has a RATE that is not 'N/s', 'N/m' or 'N/h' with N a whole number above 0: {limits['RATE']!r}"
+        )
+    slow_start = limits.get("SLOW_START", False)
+    if not isinstance(slow_start, bool) and (not isinstance(slow_start, int) or slow_start < 1):
+        problems.append(
+            f"has a SLOW_START that is not True, False or the number of sessions to start at: {slow_start!r}"
+        )
+    elif slow_start is not False and "CONCURRENCY" not in limits:
+        problems.append("has SLOW_START without CONCURRENCY: slow start grows its sessions up to CONCURRENCY")
+    if "SUSPEND" in limits and _duration_seconds(limits["SUSPEND"]) is None:
+        problems.append(
+            f"has a SUSPEND that is not a timedelta or a number of seconds above 0 and at most 10 years: {limits['SUSPEND']!r}"
+        )
+    return problems
+
+
+def _limits_from(raw: Mapping[str, Any]) -> Limits:
+    concurrency = raw.get("CONCURRENCY")
+    slow_start = raw.get("SLOW_START", False)
+    if slow_start is True:
+        slow_start = SLOW_START_INITIAL
+    return Limits(
+        concurrency=concurrency,
+        rate=parse_rate(raw.get("RATE")),
+        slow_start=None if slow_start is False or concurrency is None else min(slow_start, concurrency),
+        suspend=_as_timedelta(raw["SUSPEND"]) if "SUSPEND" in raw else Limits().suspend,
+    )
+
+
+def _shaping_from(raw: Mapping[str, Any]) -> dict[str, Limits]:
+    return {pattern: _limits_from(limits) for key, limits in raw.items() if (pattern := shaping_pattern(key))}
 
 
 def _check_dkim(check: _Validator, raw: Mapping[str, Any]) -> None:
@@ -609,6 +902,43 @@ def _dkim_signer_problems(signer: Any) -> list[str]:
             f"has the ALGORITHM {signer.get('ALGORITHM')!r}; it must be one of {', '.join(DKIM_ALGORITHMS)}"
         )
     return problems
+
+
+def _check_mta_sts(check: _Validator, raw: Mapping[str, Any]) -> None:
+    """Check ``MTA_STS``, ``MTA_STS_HTTPS_PORT`` and ``TLS_CA_FILE``: a flag, a port, a
+    file of PEM certificates this process can read."""
+    if not isinstance(raw.get("MTA_STS", DEFAULTS["MTA_STS"]), bool):
+        check.add(
+            "bumail_queue.E027", "MTA_STS", f"BUMAIL_QUEUE['MTA_STS'] must be True or False; got {raw['MTA_STS']!r}."
+        )
+    check.port(raw, "MTA_STS_HTTPS_PORT", "bumail_queue.E027")
+    ca_file = raw.get("TLS_CA_FILE")
+    if ca_file is None:
+        return
+    problem = _ca_file_problem(ca_file)
+    if problem is not None:
+        check.add(
+            "bumail_queue.E027",
+            "TLS_CA_FILE",
+            f"BUMAIL_QUEUE['TLS_CA_FILE'] must be None (the system's trust store) or the path of a file of PEM "
+            f"CA certificates; {ca_file!r} {problem}.",
+        )
+
+
+def _ca_file_problem(ca_file: Any) -> str | None:
+    """Say why ``ca_file`` is no readable file of CA certificates, or return ``None``."""
+    if not isinstance(ca_file, str | os.PathLike) or not os.fspath(ca_file):
+        return "is not a path"
+    path = os.fspath(ca_file)
+    if not os.path.isfile(path):
+        return "is not a file"
+    if not os.access(path, os.R_OK):
+        return "cannot be read by this process"
+    try:
+        ssl.create_default_context(cafile=path)
+    except (ssl.SSLError, OSError, ValueError) as error:
+        return f"holds no certificate Python's ssl module can load ({error})"
+    return None
 
 
 def _is_dkim_domain(domain: str) -> bool:
@@ -677,6 +1007,9 @@ def load(raw: Any) -> QueueSettings:
         unreachable_host_memory=_as_timedelta(values["UNREACHABLE_HOST_MEMORY"]),
         dkim=tuple(map(_dkim_from, values["DKIM"])),
         dkim_unsigned_on_error=values["DKIM_UNSIGNED_ON_ERROR"],
+        mta_sts=values["MTA_STS"],
+        mta_sts_https_port=values["MTA_STS_HTTPS_PORT"],
+        tls_ca_file=None if values["TLS_CA_FILE"] is None else os.fspath(values["TLS_CA_FILE"]),
         retry_min_delay=_as_timedelta(values["RETRY_MIN_DELAY"]),
         retry_max_delay=_as_timedelta(values["RETRY_MAX_DELAY"]),
         retry_factor=float(values["RETRY_FACTOR"]),
@@ -689,6 +1022,16 @@ def load(raw: Any) -> QueueSettings:
         delivery_log_retention=None
         if values["DELIVERY_LOG_RETENTION"] is None
         else _as_timedelta(values["DELIVERY_LOG_RETENTION"]),
+        tasks=_tasks_from(values["TASKS"]),
+        metrics_domains=frozenset(map(normalise_domain, values["METRICS_DOMAINS"])),
+        metrics_token=values["METRICS_TOKEN"],
+        suppression=values["SUPPRESSION"],
+        suppression_duration=_as_timedelta(values["SUPPRESSION_DURATION"]),
+        suppression_expiry_window=None
+        if values["SUPPRESSION_EXPIRY_WINDOW"] is None
+        else _as_timedelta(values["SUPPRESSION_EXPIRY_WINDOW"]),
+        suppression_dsn=values["SUPPRESSION_DSN"],
+        shaping=_shaping_from(values["SHAPING"]),
     )
 
 

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.utils import timezone
 
 from . import signals
@@ -202,6 +202,21 @@ def estimated_count(entries: QuerySet[DeliveryLog]) -> int | None:
     if entries.query.where:
         return None
     return planner_estimate(connections[entries.db], DeliveryLog._meta.db_table)
+
+
+def outcomes_since(since: datetime) -> dict[str, int]:
+    """Return how many entries of each status were logged since ``since`` (every status
+    present, 0 where none was), in one statement over the ``logged_at`` index."""
+    rows = (
+        DeliveryLog.objects.using(get_settings().database)
+        .filter(logged_at__gte=since)
+        .order_by()
+        .values_list("status")
+        .annotate(n=Count("id"))
+    )
+    counts = dict.fromkeys(Status.values, 0)
+    counts.update(rows)
+    return counts
 
 
 def purge(*, older_than: timedelta, now: datetime | None = None, batch_size: int = PURGE_BATCH_SIZE) -> int:

@@ -157,3 +157,127 @@ class DeliveryLog(models.Model):
     def reply_line(self) -> str:
         """Return the reply as one line: ``550 5.1.1 No such user`` (``items.reply_line``)."""
         return reply_line(Reply(code=self.reply_code, status=self.reply_status, text=self.reply_text))
+
+
+class MTASTSPolicy(models.Model):
+    """A recipient domain's MTA-STS policy (RFC 8461), as last fetched: the ORM store
+    keeps it for every worker until its domain announces another (``docs/mta-sts.md``)."""
+
+    # Lowercase A-labels, as routes compare domains.
+    domain = models.CharField(_("domain"), max_length=255, primary_key=True)
+    # The id of the _mta-sts TXT record the policy was fetched for.
+    policy_id = models.CharField(_("policy id"), max_length=32)
+    mode = models.CharField(_("mode"), max_length=16)
+    mx = models.JSONField(_("mx patterns"), default=list)
+    max_age = models.PositiveIntegerField(_("max age"))
+    fetched_at = models.DateTimeField(_("fetched at"))
+
+    class Meta:
+        db_table = "bumail_queue_mta_sts_policies"
+        verbose_name = _("MTA-STS policy")
+        verbose_name_plural = _("MTA-STS policies")
+
+    def __str__(self) -> str:
+        return f"{self.domain} ({self.mode}, id {self.policy_id})"
+
+
+class TLSReportCount(models.Model):
+    """How many TLS sessions of a day to a policy domain ended one way (RFC 8460): the
+    rows ``manage.py queue_tlsrpt`` makes a day's reports of (``docs/mta-sts.md``)."""
+
+    id = models.BigAutoField(primary_key=True)
+    day = models.DateField(_("day"))
+    domain = models.CharField(_("policy domain"), max_length=255)
+    policy_id = models.CharField(_("policy id"), max_length=32, blank=True)
+    # The policy's lines (RFC 8460's policy-string); empty when none could be had.
+    policy = models.JSONField(_("policy"), default=list)
+    # An RFC 8460 result type; "" counts the successful sessions.
+    result = models.CharField(_("result type"), max_length=32, blank=True)
+    mx_host = models.CharField(_("MX host"), max_length=255, blank=True)
+    address = models.CharField(_("address"), max_length=45, blank=True)
+    reason = models.TextField(_("reason"), blank=True)
+    count = models.PositiveBigIntegerField(_("sessions"), default=0)
+
+    class Meta:
+        db_table = "bumail_queue_tls_report_counts"
+        verbose_name = _("TLS report count")
+        verbose_name_plural = _("TLS report counts")
+        constraints = (
+            # One row per kind, which an upsert adds to; it leads with the day, so it
+            # also serves a day's report and the purge of old days.
+            models.UniqueConstraint(
+                fields=("day", "domain", "policy_id", "result", "mx_host", "address"), name="bumail_queue_tls_kind"
+            ),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.domain} {self.result or 'successful'}: {self.count}"
+
+
+class Suppression(models.Model):
+    """An address of the suppression list, kept by the ORM store; see ``docs/suppression.md``.
+
+    ``suppressed`` is false for a note of a first expiry (``MAX_AGE``), which becomes
+    an entry when a second comes before ``expires_at``. Read and change the list
+    through ``bumail_queue.queue`` (``suppressed``, ``suppress``, ``unsuppress``).
+    """
+
+    class Reason(models.TextChoices):
+        FAILED = "failed", _("failed: no such mailbox or domain")
+        EXPIRED = "expired", _("delivery time expired twice")
+        MANUAL = "manual", _("added by an operator")
+
+    # The local part as written, the domain in lowercase A-labels (addresses.normal_address).
+    address = models.CharField(_("address"), max_length=320, primary_key=True)
+    suppressed = models.BooleanField(_("suppressed"), default=True)
+    reason = models.CharField(_("reason"), max_length=16, choices=Reason.choices)
+    reply_code = models.PositiveSmallIntegerField(_("reply code"), null=True, blank=True)
+    reply_status = models.CharField(_("enhanced status"), max_length=16, blank=True)
+    reply_text = models.TextField(_("reply"), blank=True)
+    created_at = models.DateTimeField(_("suppressed at"))
+    expires_at = models.DateTimeField(_("expires at"))
+
+    class Meta:
+        db_table = "bumail_queue_suppressions"
+        verbose_name = _("suppressed address")
+        verbose_name_plural = _("suppressed addresses")
+        ordering = ("-created_at", "-address")
+        indexes = (
+            # The newest first (the admin's list).
+            models.Index(fields=("created_at",), name="bumail_queue_suppr_created"),
+            # The purge of what expired.
+            models.Index(fields=("expires_at",), name="bumail_queue_suppr_expires"),
+        )
+
+    def __str__(self) -> str:
+        return self.address
+
+
+class ShapingBucket(models.Model):
+    """One destination's shaping state (``SHAPING``), shared by every worker.
+
+    Times are seconds since the epoch, as the store's one-statement arithmetic wants
+    them; ``slots`` maps each slot held to its lease's end. Read it through
+    ``QueueStore.destination_states()``: the store's statements are its only writers.
+    """
+
+    key = models.CharField(_("destination"), max_length=255, primary_key=True)
+    tokens = models.FloatField(_("tokens"), null=True)  # NULL: full (or no RATE)
+    tokens_at = models.FloatField(default=0)
+    window_size = models.FloatField(_("slow-start window"), null=True)
+    slots = models.JSONField(_("slots"), default=dict)
+    suspended_until = models.FloatField(default=0)
+    active_at = models.FloatField(default=0)
+    held = models.PositiveIntegerField(_("held back"), default=0)
+    held_until = models.FloatField(default=0)
+    # The last request granted: a statement that decides in one step returns it, so the
+    # caller knows whether its own request was the one.
+    granted = models.CharField(max_length=32, default="", editable=False)
+
+    class Meta:
+        db_table = "bumail_queue_shaping"
+        verbose_name = _("shaped destination")
+        verbose_name_plural = _("shaped destinations")
+
+    def __str__(self) -> str:
+        return self.key

@@ -4,11 +4,12 @@
 records: a deferral past ``MAX_AGE`` becomes a failure (``4.4.7``), the next attempt
 is scheduled, a delay DSN falls due. The ``Attempt`` keeps the header block of the
 message the attempt read, as the DSNs return it: recording the last recipient drops
-the message from the store. The ``Recorder`` then records a batch of
-attempts in one step of the store and tells each one on its own: the worker's
-counts, a log line per recipient, the signals, the delivery log (gathered into one
-write per batch) and the DSNs, which it queues through the enqueue callable it is
-given. The worker owns one recorder and calls it from its recorder thread.
+the message from the store. The ``Recorder`` then records a batch of attempts in
+one step of the store, writes what they change on the suppression list in one more,
+and tells each one on its own: the worker's counts, a log line per recipient, the
+signals, the delivery log (gathered into one write per batch) and the DSNs, which it
+queues through the enqueue callable it is given. The worker owns one recorder and
+calls it from its recorder thread.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -38,12 +39,14 @@ from bumail_queue.items import (
     reply_line,
 )
 from bumail_queue.stores import QueueStore
+from bumail_queue.suppression import change_from
 
 __all__ = [
     "EXPIRED_STATUS",
     "RECORD_RETRY_DELAYS",
     "Attempt",
     "Enqueue",
+    "Meter",
     "Recorder",
     "Stats",
     "close_broken_connections",
@@ -81,7 +84,8 @@ class Attempt:
     ``headers`` is the header block of the message the attempt read (``None`` when
     the store had lost it: ``lost_message``), kept for the DSNs without the body, so
     a batch of attempts holds little memory. ``expired`` gives each recipient that
-    failed at ``MAX_AGE`` the last reply it had before.
+    failed at ``MAX_AGE`` the last reply it had before; ``suppressed`` names those
+    that failed without a session because the suppression list holds them.
     """
 
     item: QueueItem
@@ -90,12 +94,43 @@ class Attempt:
     headers: bytes | None
     tls: dict[str, bool] = dataclasses.field(default_factory=dict)
     expired: dict[str, Reply] = dataclasses.field(default_factory=dict)
+    suppressed: frozenset[str] = frozenset()
     delay_due: bool = False
+    #: Shaping held every recipient back: no attempt, no signal, due when there is room.
+    held: bool = False
 
     @property
     def lost_message(self) -> bool:
         """Whether the store held the item but no longer its message."""
         return self.headers is None
+
+
+class Meter(Protocol):
+    """What a worker tells a monitor as it works (``bumail_queue.metrics.WorkerMetrics``).
+
+    Given to a ``Worker`` only when metrics are on: without one, the worker pays
+    one ``is None`` test per event and nothing more. Each call must be quick and
+    thread-safe (the delivery, recorder and claim threads all call it), and must
+    not raise.
+    """
+
+    def claimed(self, count: int) -> None:
+        """A claim returned ``count`` items (0 when nothing was due)."""
+
+    def session_ended(self, seconds: float) -> None:
+        """A delivery thread spent ``seconds`` on one item's attempt."""
+
+    def attempted(self, item: QueueItem, outcomes: Mapping[str, Outcome], now: datetime) -> None:
+        """The outcomes of an attempt at ``item`` were recorded at ``now``."""
+
+    def dsn_sent(self, kind: DSNKind) -> None:
+        """A DSN of ``kind`` was queued."""
+
+    def lease_lost(self) -> None:
+        """An attempt's outcomes were refused: the lease was no longer this worker's."""
+
+    def store_failed(self) -> None:
+        """The store refused a claim, or a batch of outcomes."""
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -106,6 +141,8 @@ class Stats:
     delivered: int = 0
     deferred: int = 0
     failed: int = 0
+    #: Items held back by ``SHAPING``: given back to the queue, no attempt counted.
+    held: int = 0
     #: Claims the store refused, and batches whose outcomes it could not record.
     store_errors: int = 0
 
@@ -120,10 +157,12 @@ def decide_attempt(
     now: datetime,
     rng: random.Random,
     tls: dict[str, bool] | None = None,
+    suppressed: frozenset[str] = frozenset(),
 ) -> Attempt:
     """Return what recording the replies of one attempt at ``item`` must write.
 
-    ``message`` is the message the attempt read, ``None`` when the store had lost it.
+    ``message`` is the message the attempt read, ``None`` when the store had lost it;
+    ``suppressed``, the recipients failed because the suppression list holds them.
     """
     expired: dict[str, Reply] = {}
     if has_expired(item.created_at, now, settings):
@@ -148,6 +187,7 @@ def decide_attempt(
         headers=None if message is None else header_block(message),
         tls=tls or {},
         expired=expired,
+        suppressed=suppressed,
         delay_due=delay_due,
     )
 
@@ -210,6 +250,7 @@ class Recorder:
         enqueue: Enqueue,
         stats: Stats,
         lease_until: Callable[[str], datetime | None],
+        meter: Meter | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -217,6 +258,7 @@ class Recorder:
         self.clock = clock
         self.enqueue = enqueue
         self.stats = stats
+        self.meter = meter
         self._lease_until = lease_until
         self._counting = threading.Lock()
 
@@ -238,6 +280,8 @@ class Recorder:
                 if delay is None:
                     with self._counting:
                         self.stats.store_errors += 1
+                    if self.meter is not None:
+                        self.meter.store_failed()
                     for attempt in attempts:
                         report_error(error, attempt.item.id)
                     return [None] * len(attempts)
@@ -246,8 +290,50 @@ class Recorder:
                 )
                 time.sleep(delay)
                 close_broken_connections()
+        self._update_suppressions(attempts, done)
         with delivery_log.gathered():  # the batch's log entries in one INSERT
             return [self._told_alone(attempt, recorded) for attempt, recorded in zip(attempts, done, strict=True)]
+
+    def _update_suppressions(self, attempts: Sequence[Attempt], done: Sequence[QueueItem | QueueError | None]) -> None:
+        """Write what the recorded outcomes change on the suppression list, in one step of the store.
+
+        Before the signals, so that a receiver of ``failed`` finds the address on the
+        list. Only recorded outcomes count: an attempt whose lease was lost is made
+        again, and its expiry would count twice. The list is the queue's care, never
+        the mail's: a store that refuses the write is reported, and the batch goes on.
+        """
+        settings = self.settings
+        if not settings.suppression:
+            return
+        outcomes = [
+            (address, outcome, address in attempt.expired)
+            for attempt, recorded in zip(attempts, done, strict=True)
+            if isinstance(recorded, QueueItem)
+            for address, outcome in attempt.result.outcomes.items()
+            if address not in attempt.suppressed
+        ]
+        now = self.clock()
+        change = change_from(
+            outcomes,
+            now=now,
+            duration=settings.suppression_duration,
+            expiry_window=settings.suppression_expiry_window,
+        )
+        if not change:
+            return
+        try:
+            update = self.store.update_suppressions(change, now=now)
+        except QueueError as error:
+            report_error(error, None)
+            return
+        for entry in update.suppressed:
+            logger.info(
+                "suppressed address=%s reason=%s until=%s reply=%s",
+                entry.address, entry.reason.value, entry.expires_at.isoformat(), reply_line(entry.reply),
+                extra={"action": "suppressed"},
+            )  # fmt: skip
+        for address in update.removed:
+            logger.info("unsuppressed address=%s after a delivery", address, extra={"action": "unsuppressed"})
 
     def _told_alone(self, attempt: Attempt, recorded: QueueItem | QueueError | None) -> QueueItem | None:
         """Tell one attempt; what goes wrong there is that item's alone, never the batch's.
@@ -270,6 +356,8 @@ class Recorder:
         """Send what one recorded attempt calls for: its signals, its DSNs, its errors."""
         item = attempt.item
         if isinstance(recorded, QueueError):
+            if self.meter is not None and recorded.code == ErrorCode.LEASE_LOST:
+                self.meter.lease_lost()
             report_error(recorded, item.id)
             return None
         if recorded is None:
@@ -278,6 +366,8 @@ class Recorder:
                 # Cancelled while we held the lease: say what the session did, no DSN.
                 self._tell_outcomes(attempt, None)
             elif not attempt.lost_message:
+                if self.meter is not None:
+                    self.meter.lease_lost()
                 report_error(
                     QueueError(
                         ErrorCode.LEASE_LOST,
@@ -302,11 +392,17 @@ class Recorder:
 
     def _tell_outcomes(self, attempt: Attempt, recorded: QueueItem | None) -> None:
         item = attempt.item
+        if attempt.held:
+            with self._counting:
+                self.stats.held += 1
+            return
         with self._counting:
             self.stats.items += 1
             for outcome in attempt.result.outcomes.values():
                 name = outcome.status.value
                 setattr(self.stats, name, getattr(self.stats, name) + 1)
+        if self.meter is not None:
+            self.meter.attempted(item, attempt.result.outcomes, self.clock())
         for address, outcome in attempt.result.outcomes.items():
             reply = outcome.reply
             logger.info(
@@ -336,7 +432,13 @@ class Recorder:
         if not item.sender:
             return  # never a DSN about a message from <> (RFC 5321 §4.5.5)
         now = self.clock()
-        failed = [a for a, o in attempt.result.outcomes.items() if o.status == RecipientStatus.FAILED]
+        # A suppressed recipient is reported as any failure, unless SUPPRESSION_DSN is off.
+        told_of_suppressed = self.settings.suppression_dsn
+        failed = [
+            a
+            for a, o in attempt.result.outcomes.items()
+            if o.status == RecipientStatus.FAILED and (told_of_suppressed or a not in attempt.suppressed)
+        ]
         if failed:
             self._send_dsn("failed", attempt, failed, now)
         if attempt.delay_due:
@@ -359,6 +461,8 @@ class Recorder:
                 will_retry_until=item.created_at + self.settings.max_age if kind == "delayed" else None,
             )
             dsn_item = self.enqueue(data, sender="", recipients=[item.sender])
+            if self.meter is not None:
+                self.meter.dsn_sent(kind)
         except QueueError as error:
             report_error(error, item.id)
             return
@@ -383,6 +487,7 @@ class Recorder:
             last_attempt_at=now,
             status=None if last is None else EXPIRED_STATUS,
             reason="" if last is None else _expiry_reason(self.settings.max_age),
+            attempted=address not in attempt.suppressed,
         )
 
 

@@ -2,7 +2,8 @@
 
 The admin and ``manage.py queue_status`` ask every store the same questions through
 ``QueueStore.search`` and ``QueueStore.summary`` (``queue_retry``, through
-``retry_deferred`` and ``retry_items``); the values here are what they exchange. The
+``retry_deferred`` and ``retry_items``; the metrics, through ``QueueStore.gauges``);
+the values here are what they exchange. The
 functions are the plain-Python answers, which a store without a faster way (the
 memory store, a store of your own) uses as they are.
 """
@@ -18,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .addresses import domain_of
-from .items import QueueItem
+from .items import QueueItem, RecipientStatus
 
 #: How much of each message a text search reads for its header block, in every store.
 SEARCH_HEAD_BYTES = 8192
@@ -257,6 +258,105 @@ def summarize(
         age_buckets=bounds,
         shape=shape_from_counts(counts, len(bounds) + 1),
     )
+
+
+#: The recipients ``QueueGauges`` counts: those not final yet.
+GAUGED_RECIPIENTS: tuple[RecipientStatus, ...] = (RecipientStatus.PENDING, RecipientStatus.DEFERRED)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class QueueGauges:
+    """What the queue holds at ``now``, as a monitor reads it at every scrape.
+
+    ``items`` counts the items in each state (``delivering``: a lease holds them);
+    ``recipients`` the recipients not final yet, pending (never tried) or deferred;
+    ``oldest`` is the ``created_at`` of the oldest item in each state (``None``: no
+    item in it); ``due`` counts the items due at ``now`` that no lease holds, and
+    ``first_due_at`` is the ``next_attempt_at`` of the one due the longest.
+
+    ``exact`` is false when the counts are estimates from a sample of a large queue
+    (``QueueStore.gauges`` says which stores sample); an oldest time read from a
+    sample may then be younger than the oldest item of its state.
+    """
+
+    now: datetime
+    items: Mapping[ItemState, int]
+    recipients: Mapping[RecipientStatus, int]
+    oldest: Mapping[ItemState, datetime | None]
+    due: int
+    first_due_at: datetime | None
+    exact: bool = True
+
+    @property
+    def total(self) -> int:
+        """Return how many items the queue holds (an estimate unless ``exact``)."""
+        return sum(self.items.values())
+
+
+class GaugeTally:
+    """Counts items into ``QueueGauges`` one by one: the plain-Python answer, for a
+    whole queue (``exact``) or a sample of one (``scale`` is then the inverse of the
+    share of items sampled)."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+        self.items = dict.fromkeys(ItemState, 0)
+        self.recipients = dict.fromkeys(GAUGED_RECIPIENTS, 0)
+        self.oldest: dict[ItemState, datetime | None] = dict.fromkeys(ItemState)
+        self.due = 0
+        self.first_due_at: datetime | None = None
+
+    def add(self, item: QueueItem) -> None:
+        """Count ``item``."""
+        self.count(
+            state=state_of(item, self.now),
+            created_at=item.created_at,
+            next_attempt_at=item.next_attempt_at,
+            statuses=(recipient.status for recipient in item.recipients),
+        )
+
+    def count(
+        self, *, state: ItemState, created_at: datetime, next_attempt_at: datetime, statuses: Iterable[str]
+    ) -> None:
+        """Count an item from its parts, for a store that reads only those."""
+        self.items[state] += 1
+        oldest = self.oldest[state]
+        if oldest is None or created_at < oldest:
+            self.oldest[state] = created_at
+        for status in statuses:
+            if status in self.recipients:
+                self.recipients[RecipientStatus(status)] += 1
+        if state != ItemState.DELIVERING and next_attempt_at <= self.now:
+            self.due += 1
+            if self.first_due_at is None or next_attempt_at < self.first_due_at:
+                self.first_due_at = next_attempt_at
+
+    def gauges(self, *, scale: float | None = None) -> QueueGauges:
+        """Return what was counted; with a ``scale``, what was counted was a sample, and
+        the counts are estimates of the whole queue (each multiplied by it, rounded)."""
+        return QueueGauges(
+            now=self.now,
+            items={state: scaled(n, scale) for state, n in self.items.items()},
+            recipients={status: scaled(n, scale) for status, n in self.recipients.items()},
+            oldest=dict(self.oldest),
+            due=scaled(self.due, scale),
+            first_due_at=self.first_due_at,
+            exact=scale is None,
+        )
+
+
+def gauges_of(items: Iterable[QueueItem], *, now: datetime) -> QueueGauges:
+    """Return the gauges of ``items`` (the whole queue) at ``now``, in plain Python."""
+    tally = GaugeTally(now)
+    for item in items:
+        tally.add(item)
+    return tally.gauges()
+
+
+def scaled(count: int, scale: float | None) -> int:
+    """Return ``count`` of a sample as an estimate of the whole: ``count * scale``,
+    rounded; ``count`` itself when nothing was sampled (``scale`` is ``None``)."""
+    return count if scale is None else round(count * scale)
 
 
 def header_block(head: bytes) -> bytes:

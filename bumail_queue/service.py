@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -11,14 +12,17 @@ from typing import TYPE_CHECKING
 from django.core.mail import EmailMessage
 from django.db import transaction
 from django.utils import timezone
+from django.utils.module_loading import import_string
 
 from . import mime, signals
-from .addresses import domain_problem
+from .addresses import domain_of, domain_problem, mailbox_problem, normal_address
 from .conf import QueueSettings, get_settings, normalise_domain
-from .errors import ErrorCode, QueueError
-from .items import NewItem, QueueItem
+from .errors import ErrorCode, QueueError, first_line
+from .items import NewItem, QueueItem, Reply
 from .queries import AGE_BUCKETS, ItemQuery, ItemState, QueueSummary, RetryResult
+from .shaping import DestinationState
 from .stores import QueueStore, get_store
+from .suppression import Suppression, SuppressionChange, SuppressionReason
 from .text import require_keepable
 
 if TYPE_CHECKING:
@@ -26,6 +30,10 @@ if TYPE_CHECKING:
     from .worker import Stats
 
 Clock = Callable[[], datetime]
+
+logger = logging.getLogger(__name__)
+#: The longest note an operator may give a suppression.
+MAX_NOTE = 500
 
 
 class QueueService:
@@ -101,9 +109,11 @@ class QueueService:
         item = self.prepare(message, sender=sender, recipients=recipients, at=at, key=key)
         store, max_items = self.store, self.settings.max_items
         if _on_commit(store):
-            transaction.on_commit(lambda: store.add(item, max_items=max_items))
+            transaction.on_commit(lambda: self._send_tasks_for([store.add(item, max_items=max_items)], store))
             return item.to_queue_item()
-        return store.add(item, max_items=max_items)
+        added = store.add(item, max_items=max_items)
+        self._send_tasks_for([added], store)
+        return added
 
     def enqueue_many(self, messages: Sequence[EmailMessage | bytes]) -> builtins.list[QueueItem]:
         """Queue several messages in one step: all of them, or none."""
@@ -111,9 +121,66 @@ class QueueService:
         items = [self.prepare(message, now=now) for message in messages]
         store, max_items = self.store, self.settings.max_items
         if _on_commit(store) and items:
-            transaction.on_commit(lambda: store.add_many(items, max_items=max_items))
+            transaction.on_commit(lambda: self._send_tasks_for(store.add_many(items, max_items=max_items), store))
             return [item.to_queue_item() for item in items]
-        return store.add_many(items, max_items=max_items)
+        added = store.add_many(items, max_items=max_items)
+        self._send_tasks_for(added, store)
+        return added
+
+    # -- the delivery tasks (TASKS) ----------------------------------------------------
+
+    def _send_tasks_for(self, items: Sequence[QueueItem], store: QueueStore) -> None:
+        """Send the delivery tasks of items just added: those due now at once, the
+        others for their first attempt (a framework that cannot defer a task leaves
+        them to its periodic pass)."""
+        if self.settings.tasks is None or not items:
+            return
+        now = self.clock()
+        due = [item.id for item in items if item.next_attempt_at <= now]
+        if due:
+            self._send_tasks(store, due)
+        later: dict[datetime, builtins.list[str]] = {}
+        for item in items:
+            if item.next_attempt_at > now:
+                later.setdefault(item.next_attempt_at, []).append(item.id)
+        for at, ids in later.items():
+            self._send_tasks(store, ids, at=at)
+
+    def _send_tasks(self, store: QueueStore, ids: Sequence[str] | None, *, at: datetime | None = None) -> None:
+        """With ``TASKS`` on, send delivery tasks for ``ids`` (``None``: one for a pass over
+        everything due) once the store's writes are visible: on commit of the queue's
+        database for a store inside it, else now. Ids only reach the broker, at most
+        ``CLAIM_BATCH_SIZE`` a task. A broker that refuses is logged: the mail stays
+        queued for the next pass."""
+        tasks = self.settings.tasks
+        if tasks is None:
+            return
+        batch = self.settings.claim_batch_size
+        chunks = (
+            [None]
+            if ids is None
+            else [builtins.list(ids[start : start + batch]) for start in range(0, len(ids), batch)]
+        )
+        send = import_string(f"{tasks.module}.send")
+
+        def send_all() -> None:
+            for chunk in chunks:
+                try:
+                    send(chunk, settings=tasks, at=at)
+                except Exception as error:
+                    what = "a delivery pass" if chunk is None else f"{len(chunk)} items"
+                    logger.error(
+                        "could not send the delivery task of %s to %s: %s; the mail stays queued for the next pass",
+                        what,
+                        tasks.framework,
+                        first_line(error),
+                        extra={"action": "task_error"},
+                    )
+
+        if store.supports_transactional_enqueue:
+            transaction.on_commit(send_all, using=self.settings.database)  # at once outside a transaction
+        else:
+            send_all()
 
     # -- the queue --------------------------------------------------------------------
 
@@ -133,7 +200,11 @@ class QueueService:
 
     def retry_now(self, id: str) -> bool:
         """Make the item due now; ``True`` if it was in the queue."""
-        return self.store.reschedule(str(id), at=self.clock())
+        store = self.store
+        moved = store.reschedule(str(id), at=self.clock())
+        if moved:
+            self._send_tasks(store, [_usual_id(str(id))])
+        return moved
 
     def retry_deferred(self, *, domain: str | None = None, ids: Sequence[str] | None = None) -> RetryResult:
         """Make deferred mail due now, by the admin's *Retry now* rules: an item being
@@ -154,13 +225,22 @@ class QueueService:
         if ids is not None:
             return self._retry_items([ids] if isinstance(ids, str) else [str(given) for given in ids], now)
         retry_domain = None if domain is None else _recipient_domain(domain)
-        return RetryResult(due=self.store.retry_deferred(now=now, domain=retry_domain))
+        store = self.store
+        result = RetryResult(due=store.retry_deferred(now=now, domain=retry_domain))
+        if result.due:
+            self._send_tasks(store, None)  # which items moved is the store's to know: a pass
+        return result
 
     def _retry_items(self, ids: builtins.list[str], now: datetime) -> RetryResult:
         # The store gets each id once, in its usual form; the answer names them as given.
         usual = {given: _usual_id(given) for given in ids}
-        done = self.store.retry_items(builtins.list(dict.fromkeys(usual.values())), now=now)
+        store = self.store
+        done = store.retry_items(builtins.list(dict.fromkeys(usual.values())), now=now)
         leased, missing = set(done.leased), set(done.missing)
+        if done.due:
+            self._send_tasks(
+                store, [item_id for item_id in dict.fromkeys(usual.values()) if item_id not in leased | missing]
+            )
         return RetryResult(
             due=done.due,
             leased=tuple(given for given, item_id in usual.items() if item_id in leased),
@@ -200,22 +280,132 @@ class QueueService:
         """Return the counts by state, the oldest item and the queue's shape, now."""
         return self.store.summary(now=self.clock(), age_buckets=age_buckets)
 
+    def destination_states(self) -> builtins.list[DestinationState]:
+        """Return the shaped destinations the store keeps a bucket for (``SHAPING``), now;
+        empty without ``SHAPING``, which then costs no store call."""
+        if not self.settings.shaping:
+            return []
+        return self.store.destination_states(now=self.clock())
+
     def read_message(self, id: str) -> bytes | None:
         """Return an item's message as queued, or ``None``."""
         return self.store.read_message(str(id))
 
+    # -- the suppression list: the admin, queue_suppression ------------------------------
+
+    def suppressed(self, addresses: Sequence[str]) -> dict[str, Suppression]:
+        """Return the entries in force for those of ``addresses`` on the suppression list.
+
+        Keyed by each address as given; one round trip to the store for them all.
+        """
+        given = [addresses] if isinstance(addresses, str) else [str(address) for address in addresses]
+        return self.store.suppressions_of(given, now=self.clock())
+
+    def suppress(self, address: str, *, note: str = "", duration: timedelta | None = None) -> Suppression:
+        """Put ``address`` on the suppression list as an operator (reason ``manual``).
+
+        For ``duration`` (``SUPPRESSION_DURATION`` unless given); an entry the address
+        had is replaced. ``note`` says why, on the list's pages. Raises
+        ``QueueError(INVALID)`` for an address that is no mailbox, a duration that is
+        not a positive ``timedelta``, or text that cannot be kept.
+        """
+        problem = mailbox_problem(address) if isinstance(address, str) else "it is not a string"
+        if problem:
+            raise QueueError(ErrorCode.INVALID, f"{address!r} cannot be suppressed: {problem}.", recipient=address)
+        if duration is None:
+            duration = self.settings.suppression_duration
+        elif not isinstance(duration, timedelta) or duration <= timedelta(0):
+            raise QueueError(ErrorCode.INVALID, f"A suppression lasts a positive timedelta; got {duration!r}.")
+        if not isinstance(note, str) or len(note) > MAX_NOTE:
+            raise QueueError(ErrorCode.INVALID, f"A suppression's note is a string of at most {MAX_NOTE} characters.")
+        now = self.clock()
+        entry = Suppression(
+            address=normal_address(address),
+            reason=SuppressionReason.MANUAL,
+            reply=Reply(code=None, status="", text=require_keepable(note.strip(), "note")),
+            created_at=now,
+            expires_at=now + duration,
+        )
+        self.store.update_suppressions(SuppressionChange(add=(entry,)), now=now)
+        return entry
+
+    def unsuppress(self, addresses: Sequence[str] = (), *, domain: str | None = None) -> builtins.list[str]:
+        """Take addresses off the suppression list, with any note of a first expiry.
+
+        ``addresses`` as given, or with ``domain`` every address on the list at that
+        domain (compared as routes compare domains), as after an outage there.
+        Returns those whose entries were in force, in ``addresses.normal_address``'s
+        form. Raises ``QueueError(INVALID)`` for a domain that is none.
+        """
+        given = [addresses] if isinstance(addresses, str) else [str(address) for address in addresses]
+        if domain is not None:
+            given += self._suppressed_at(_recipient_domain(domain))
+        clear = tuple(dict.fromkeys(normal_address(address) for address in given))
+        return builtins.list(self.store.update_suppressions(SuppressionChange(clear=clear), now=self.clock()).removed)
+
+    def _suppressed_at(self, domain: str) -> builtins.list[str]:
+        """The addresses on the list at ``domain`` (in ``normalise_domain``'s form), a page at a time."""
+        found: builtins.list[str] = []
+        now, offset = self.clock(), 0
+        while page := self.store.search_suppressions(now=now, text=f"@{domain}", offset=offset, limit=1000):
+            found += [entry.address for entry in page if domain_of(entry.address) == domain]
+            offset += len(page)
+        return found
+
+    def search_suppressions(
+        self, *, text: str | None = None, offset: int = 0, limit: int = 100
+    ) -> builtins.list[Suppression]:
+        """Return a page of the entries in force, the newest first; with ``text``, those
+        whose address holds it (its domain as written or in A-labels, ASCII case aside)."""
+        if offset < 0 or limit < 0:
+            raise QueueError(ErrorCode.INVALID, "'offset' and 'limit' must be 0 or more.")
+        return self.store.search_suppressions(now=self.clock(), text=text or None, offset=offset, limit=limit)
+
+    def count_suppressions(self) -> int:
+        """Return how many addresses the suppression list holds now."""
+        return self.store.count_suppressions(now=self.clock())
+
+    def purge_suppressions(self) -> int:
+        """Drop the entries that expired (lookups skip them already); return how many."""
+        return self.store.purge_suppressions(now=self.clock())
+
     def deliver_due(
-        self, now: datetime | None = None, *, transport: Transport | None = None, resolver: Resolver | None = None
+        self,
+        now: datetime | None = None,
+        *,
+        ids: Sequence[str] | None = None,
+        claim_seconds: float | None = None,
+        transport: Transport | None = None,
+        resolver: Resolver | None = None,
     ) -> Stats:
         """Deliver everything due in this process, then return what was done.
 
         For tests and cron: ``now`` fixes the clock for the whole pass, and the SMTP
         transport and the DNS resolver can be given in place of the real ones.
+
+        ``ids``: deliver those items only, each if it is due and no lease holds it (a
+        duplicate call delivers nothing twice); a store that does not claim by id
+        (``claims_by_id``) runs the whole pass instead. ``claim_seconds``: stop
+        claiming once that long has passed since the pass began (one claim at least),
+        give back what was claimed but not started (due at once), and return when the
+        sessions under way end. With ``TASKS`` on, the DSNs the pass sends are queued through ``enqueue``,
+        so that each has its delivery task too.
         """
         from .worker import Worker
 
+        if ids is not None and not self.store.claims_by_id:
+            ids = None
         clock = self.clock if now is None else (lambda: now)
-        worker = Worker(settings=self.settings, store=self.store, transport=transport, resolver=resolver, clock=clock)
+        worker = Worker(
+            settings=self.settings,
+            store=self.store,
+            transport=transport,
+            resolver=resolver,
+            clock=clock,
+            enqueue=self.enqueue if self.settings.tasks is not None else None,
+            item_ids=None if ids is None else [_usual_id(str(item_id)) for item_id in ids],
+            claim_seconds=claim_seconds,
+        )
         return worker.run_until_idle()
 
 

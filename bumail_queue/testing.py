@@ -27,19 +27,26 @@ module imports pytest; nothing else in ``bumail_queue`` does.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import threading
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db import connections
 
-from bumail_queue.errors import QueueError
+from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, Outcome, QueueItem, Reply
 from bumail_queue.items import RecipientStatus as S
-from bumail_queue.queries import ItemQuery, ItemState, RetryResult
+from bumail_queue.queries import ItemQuery, ItemState, QueueGauges, RetryResult
+from bumail_queue.shaping import Limits, Permit, PermitRequest, Rate, WindowChange
 from bumail_queue.stores.base import QueueStore
+from bumail_queue.sts import STSMode, STSPolicy, TLSResult, TLSSessionCount
+from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionReason
 
 __all__ = [
     "LATER",
@@ -47,10 +54,14 @@ __all__ = [
     "NO_SUCH_USER",
     "OK",
     "T0",
+    "ShapingContract",
     "StoreContract",
     "claim_one",
     "new_item",
     "result",
+    "sts_policy",
+    "suppression",
+    "tls_count",
     "tried_once",
 ]
 
@@ -96,6 +107,23 @@ def new_item(
     )
 
 
+#: How long the contract's suppression entries last, and its notes of a first expiry.
+SUPPRESSED_FOR = timedelta(days=30)
+EXPIRED = Reply(code=451, status="4.4.7", text="Delivery time expired after 5 days; last reply: 451 4.3.0 Later")
+
+
+def suppression(
+    address: str,
+    *,
+    at: datetime = T0,
+    reason: SuppressionReason = SuppressionReason.FAILED,
+    reply: Reply = NO_SUCH_USER,
+    lasts: timedelta = SUPPRESSED_FOR,
+) -> Suppression:
+    """Return an entry for ``address`` (in its normal form), made at ``at``."""
+    return Suppression(address=address, reason=reason, reply=reply, created_at=at, expires_at=at + lasts)
+
+
 def claim_one(store: QueueStore, owner: str = "w1", now: datetime = T0, lease: timedelta = LEASE) -> QueueItem | None:
     """Claim the first due item at ``now`` for ``owner``, or return ``None``."""
     claimed = store.claim(owner=owner, now=now, lease_until=now + lease, limit=1)
@@ -137,7 +165,229 @@ def tried_once(
     return recorded
 
 
-class StoreContract:
+def _claims_by_id(store: QueueStore) -> None:
+    """Skip a claim-by-id test for a store that says it does not claim by id: its delivery
+    tasks run a pass over everything due instead (every built-in store claims by id)."""
+    if not store.claims_by_id:
+        pytest.skip(f"{type(store).__name__} does not claim by id (claims_by_id is False)")
+
+
+def ask(
+    store: QueueStore,
+    limits: Limits,
+    *,
+    at: datetime = T0,
+    slot: str | None = None,
+    key: str = "example.org",
+    lease: timedelta = LEASE,
+    held: int = 0,
+    held_until: datetime | None = None,
+) -> Permit:
+    """Ask ``store`` for room at ``key`` at ``at``, holding ``slot`` (if given) for ``lease``."""
+    request = PermitRequest(
+        key=key,
+        limits=limits,
+        now=at,
+        slot=slot,
+        slot_until=None if slot is None else at + lease,
+        held=held,
+        held_until=held_until,
+    )
+    return store.take_permit(request)
+
+
+TWO_A_SECOND = Limits(rate=Rate(count=2, period=1.0))
+TWO_AT_ONCE = Limits(concurrency=2)
+SECOND = timedelta(seconds=1)
+
+
+class ShapingContract:
+    """The promises of a store that ``supports_shaping``; a store that does not must say
+    so with ``QueueError(INVALID_OPTION)``, which is what these tests then check."""
+
+    @staticmethod
+    def _shapes(store: QueueStore) -> bool:
+        if store.supports_shaping:
+            return True
+        with pytest.raises(QueueError) as refused:
+            ask(store, TWO_AT_ONCE, slot="s1")
+        assert refused.value.code == ErrorCode.INVALID_OPTION
+        assert "SHAPING" in refused.value.message
+        return False
+
+    def test_a_rate_grants_its_tokens_then_says_when_the_next_comes(self, store: QueueStore) -> None:
+        if not self._shapes(store):
+            return
+        assert [ask(store, TWO_A_SECOND).granted for _ in range(2)] == [True, True]
+        refused = ask(store, TWO_A_SECOND)
+        assert (refused.granted, refused.reason, refused.retry_at) == (False, "rate", T0 + SECOND / 2)
+        assert ask(store, TWO_A_SECOND, at=T0 + SECOND / 2).granted
+        assert not ask(store, TWO_A_SECOND, at=T0 + SECOND / 2).granted
+        # A long pause refills the bucket to one second's worth, no more.
+        later = T0 + timedelta(hours=1)
+        assert [ask(store, TWO_A_SECOND, at=later).granted for _ in range(3)] == [True, True, False]
+
+    def test_an_hourly_rate_spaces_messages_out(self, store: QueueStore) -> None:
+        if not self._shapes(store):
+            return
+        hourly = Limits(rate=Rate(count=60, period=3600.0))
+        assert ask(store, hourly).granted
+        refused = ask(store, hourly, at=T0 + SECOND)
+        assert (refused.reason, refused.retry_at) == ("rate", T0 + timedelta(minutes=1))
+
+    def test_concurrency_grants_its_slots_and_frees_one_when_a_session_ends(self, store: QueueStore) -> None:
+        if not self._shapes(store):
+            return
+        first, second = ask(store, TWO_AT_ONCE, slot="s1"), ask(store, TWO_AT_ONCE, slot="s2")
+        assert (first.granted, second.granted, second.sessions, second.limit) == (True, True, 2, 2)
+        refused = ask(store, TWO_AT_ONCE, slot="s3")
+        assert (refused.granted, refused.reason, refused.retry_at, refused.sessions) == (False, "concurrency", None, 2)
+        store.release_permit("example.org", slot="s1", now=T0 + SECOND)
+        assert ask(store, TWO_AT_ONCE, slot="s3", at=T0 + SECOND).granted
+
+    def test_a_crashed_workers_slot_is_free_once_its_lease_ends(self, store: QueueStore) -> None:
+        if not self._shapes(store):
+            return
+        ask(store, TWO_AT_ONCE, slot="crashed-1", lease=timedelta(minutes=1))
+        ask(store, TWO_AT_ONCE, slot="crashed-2", lease=timedelta(minutes=1))
+        assert not ask(store, TWO_AT_ONCE, slot="s3", at=T0 + timedelta(seconds=59)).granted
+        assert ask(store, TWO_AT_ONCE, slot="s3", at=T0 + timedelta(minutes=1, seconds=1)).granted
+
+    def test_a_renewed_slot_outlives_its_first_lease(self, store: QueueStore) -> None:
+        if not self._shapes(store):
+            return
+        ask(store, Limits(concurrency=1), slot="long", lease=timedelta(minutes=1))
+        assert store.renew_permit("example.org", slot="long", now=T0 + SECOND, until=T0 + timedelta(minutes=5))
+        assert not ask(store, Limits(concurrency=1), slot="s2", at=T0 + timedelta(minutes=2)).granted
+        store.release_permit("example.org", slot="long", now=T0 + timedelta(minutes=3))
+        assert not store.renew_permit(
+            "example.org", slot="long", now=T0 + timedelta(minutes=3), until=T0 + timedelta(minutes=9)
+        )
+        assert not store.renew_permit("never.example", slot="x", now=T0, until=T0 + LEASE)
+
+    def test_a_refusal_takes_nothing(self, store: QueueStore) -> None:
+        if not self._shapes(store):
+            return
+        one_a_second_alone = Limits(concurrency=1, rate=Rate(count=1, period=1.0))
+        assert ask(store, one_a_second_alone, slot="s1").granted
+        # The token is back a second later, but the slot is taken: refused, the token kept.
+        assert ask(store, one_a_second_alone, slot="s2", at=T0 + SECOND).reason == "concurrency"
+        store.release_permit("example.org", slot="s1", now=T0 + SECOND)
+        assert ask(store, one_a_second_alone, slot="s2", at=T0 + SECOND).granted
+
+    def test_a_suspension_refuses_everything_until_it_ends_and_a_later_one_stays(self, store: QueueStore) -> None:
+        if not self._shapes(store):
+            return
+        ask(store, TWO_AT_ONCE, slot="s1")
+        until = T0 + timedelta(minutes=5)
+        store.release_permit("example.org", slot="s1", now=T0, suspend_until=until)
+        store.release_permit("example.org", slot=None, now=T0, suspend_until=T0 + timedelta(minutes=1))
+        refused = ask(store, TWO_AT_ONCE, slot="s2", at=T0 + timedelta(minutes=4))
+        assert (refused.granted, refused.reason, refused.retry_at) == (False, "suspended", until)
+        assert ask(store, TWO_AT_ONCE, slot="s2", at=until + SECOND).granted
+        # A destination never asked before can be suspended too.
+        store.release_permit("other.example", slot=None, now=T0, suspend_until=until)
+        assert ask(store, TWO_A_SECOND, key="other.example").reason == "suspended"
+
+    def test_slow_start_grows_by_one_per_success_and_halves_on_a_connection_limit(self, store: QueueStore) -> None:
+        if not self._shapes(store):
+            return
+        slow = Limits(concurrency=4, slow_start=1)
+        assert ask(store, slow, slot="a").granted
+        refused = ask(store, slow, slot="b")
+        assert (refused.granted, refused.limit) == (False, 1)
+        store.release_permit("example.org", slot="a", now=T0, change=WindowChange.GROW, concurrency=4)
+        assert [ask(store, slow, slot=s).granted for s in "abc"] == [True, True, False]
+        for s in "ab":
+            store.release_permit("example.org", slot=s, now=T0, change=WindowChange.GROW, concurrency=4)
+        for _ in range(5):  # never beyond CONCURRENCY
+            store.release_permit("example.org", slot=None, now=T0, change=WindowChange.GROW, concurrency=4)
+        assert [ask(store, slow, slot=s).granted for s in "abcde"] == [True, True, True, True, False]
+        store.release_permit("example.org", slot="a", now=T0, change=WindowChange.HALVE, concurrency=4)
+        assert [state.window for state in store.destination_states(now=T0)] == [2]
+        store.release_permit("example.org", slot="b", now=T0, change=WindowChange.HALVE, concurrency=4)
+        store.release_permit("example.org", slot="c", now=T0, change=WindowChange.HALVE, concurrency=4)
+        store.release_permit("example.org", slot="d", now=T0, change=WindowChange.HALVE, concurrency=4)
+        assert [state.window for state in store.destination_states(now=T0)] == [1]  # at least one
+
+    def test_slow_start_starts_again_after_a_quiet_spell(self, store: QueueStore) -> None:
+        if not self._shapes(store):
+            return
+        slow = Limits(concurrency=4, slow_start=2)
+        ask(store, slow, slot="a")
+        for _ in range(2):
+            store.release_permit("example.org", slot="a", now=T0, change=WindowChange.GROW, concurrency=4)
+        assert ask(store, slow, slot="b", at=T0 + SECOND).limit == 4
+        store.release_permit("example.org", slot="b", now=T0 + SECOND)
+        assert ask(store, slow, slot="c", at=T0 + timedelta(hours=1)).limit == 2
+
+    def test_destinations_are_kept_apart(self, store: QueueStore) -> None:
+        if not self._shapes(store):
+            return
+        one = Limits(concurrency=1)
+        assert ask(store, one, slot="a", key="one.example").granted
+        assert ask(store, one, slot="b", key="two.example").granted
+        assert not ask(store, one, slot="c", key="one.example").granted
+
+    def test_states_show_sessions_suspension_and_held_items(self, store: QueueStore) -> None:
+        if not self._shapes(store):
+            return
+        assert store.destination_states(now=T0) == []
+        ask(store, TWO_AT_ONCE, slot="s1", key="busy.example")
+        ask(store, TWO_A_SECOND, key="held.example", held=7, held_until=T0 + timedelta(minutes=2))
+        ask(store, TWO_A_SECOND, key="held.example", held=3, held_until=T0 + timedelta(minutes=1))
+        store.release_permit("slow.example", slot=None, now=T0, suspend_until=T0 + timedelta(minutes=5))
+        states = {state.key: state for state in store.destination_states(now=T0 + SECOND)}
+        assert set(states) == {"busy.example", "held.example", "slow.example"}
+        assert (states["busy.example"].sessions, states["busy.example"].is_throttled(T0 + SECOND)) == (1, False)
+        assert (states["held.example"].held, states["held.example"].held_until) == (10, T0 + timedelta(minutes=2))
+        assert states["slow.example"].suspended_until == T0 + timedelta(minutes=5)
+        assert states["slow.example"].is_throttled(T0 + SECOND)
+        # Once its held items are due, a destination counts them from nothing again.
+        later = T0 + timedelta(minutes=3)
+        ask(store, TWO_A_SECOND, key="held.example", at=later, held=1, held_until=later + SECOND)
+        assert {s.key: s.held for s in store.destination_states(now=later)}["held.example"] == 1
+
+    def test_idle_destinations_are_forgotten_and_start_anew(self, store: QueueStore) -> None:
+        if not self._shapes(store):
+            return
+        ask(store, Limits(rate=Rate(count=1, period=3600.0)), key="idle.example")
+        store.release_permit("slow.example", slot=None, now=T0, suspend_until=T0 + timedelta(hours=3))
+        later = T0 + timedelta(hours=2)
+        assert store.forget_idle_destinations(before=later - timedelta(hours=1), now=later) == 1
+        assert [state.key for state in store.destination_states(now=later)] == ["slow.example"]
+        assert ask(store, Limits(rate=Rate(count=1, period=3600.0)), key="idle.example", at=later).granted
+
+    def test_slots_hold_under_concurrent_requests(self, store: QueueStore) -> None:
+        if not self._shapes(store):
+            return
+        three = Limits(concurrency=3)
+        granted: list[bool] = []
+        start = threading.Barrier(12)
+
+        def take(n: int) -> None:
+            start.wait()
+            try:
+                granted.append(ask(store, three, slot=f"s{n}").granted)
+            finally:
+                close_connections()
+
+        threads = [threading.Thread(target=take, args=(n,)) for n in range(12)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert sorted(granted) == [False] * 9 + [True] * 3
+
+
+def close_connections() -> None:
+    """Close this thread's database connections (a thread's own, as a worker's are)."""
+    from django.db import connections
+
+    connections.close_all()
+
+
+class StoreContract(ShapingContract):
     # -- add, get, list, count, read_message ------------------------------------------
 
     def test_add_returns_the_item_with_every_recipient_pending(self, store: QueueStore) -> None:
@@ -267,6 +517,79 @@ class StoreContract:
     def test_claim_with_an_empty_owner_is_invalid(self, store: QueueStore) -> None:
         with pytest.raises(QueueError) as error:
             store.claim(owner="", now=T0, lease_until=T0 + LEASE)
+        assert error.value.code == "INVALID"
+
+    # -- claim by id: the delivery tasks ------------------------------------------------
+
+    def test_claim_items_leases_the_named_due_items_oldest_first_and_no_other(self, store: QueueStore) -> None:
+        _claims_by_id(store)
+        older = store.add(new_item(next_attempt_at=T0 - timedelta(minutes=1)))
+        other = store.add(new_item(next_attempt_at=T0 - timedelta(minutes=5)))  # due earlier, not named
+        newer = store.add(new_item(next_attempt_at=T0 - timedelta(minutes=9)))
+        claimed = store.claim_items([newer.id, older.id], owner="task", now=T0, lease_until=T0 + LEASE)
+        assert [i.id for i in claimed] == [older.id, newer.id]
+        for item in claimed:
+            assert (item.lease_owner, item.lease_expires_at, item.next_attempt_at) == ("task", T0 + LEASE, T0 + LEASE)
+            assert store.get(item.id) == item
+        assert store.get(other.id).lease_owner is None
+        assert [i.id for i in store.claim(owner="w1", now=T0, lease_until=T0 + LEASE, limit=10)] == [other.id]
+
+    def test_claim_items_passes_over_items_not_due_leased_or_unknown(self, store: QueueStore) -> None:
+        _claims_by_id(store)
+        later = store.add(new_item(next_attempt_at=T0 + timedelta(seconds=1)))
+        leased = store.add(new_item())
+        assert claim_one(store, "w1").id == leased.id
+        due = store.add(new_item())
+        unknown = ["00000000-0000-4000-8000-000000000000", "not-an-id", "nul\x00", ""]
+        claimed = store.claim_items(
+            [later.id, leased.id, *unknown, due.id, due.id], owner="task", now=T0, lease_until=T0 + LEASE
+        )
+        assert [i.id for i in claimed] == [due.id]
+        assert store.get(later.id).lease_owner is None
+        assert store.get(leased.id).lease_owner == "w1"
+        assert store.claim_items([], owner="task", now=T0, lease_until=T0 + LEASE) == []
+
+    def test_of_two_claimers_naming_one_item_one_gets_it_until_its_lease_expires(self, store: QueueStore) -> None:
+        _claims_by_id(store)
+        added = store.add(new_item())
+        first = store.claim_items([added.id], owner="task-1", now=T0, lease_until=T0 + LEASE)
+        second = store.claim_items([added.id], owner="task-2", now=T0, lease_until=T0 + LEASE)
+        assert ([i.id for i in first], second) == ([added.id], [])
+        assert claim_one(store, "w1", now=T0 + LEASE - timedelta(seconds=1)) is None
+        again = store.claim_items([added.id], owner="task-2", now=T0 + LEASE, lease_until=T0 + 2 * LEASE)
+        assert [(i.id, i.lease_owner) for i in again] == [(added.id, "task-2")]
+
+    def test_claim_items_racing_in_threads_never_hands_an_item_out_twice(self, store: QueueStore) -> None:
+        _claims_by_id(store)
+        ids = [item.id for item in store.add_many([new_item() for _ in range(30)])]
+        start = threading.Barrier(4)
+
+        def claim(owner: str) -> builtins.list[str]:
+            try:
+                start.wait()
+                return [i.id for i in store.claim_items(ids, owner=owner, now=T0, lease_until=T0 + LEASE)]
+            finally:
+                connections.close_all()
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            got = list(pool.map(claim, ["t1", "t2", "t3", "t4"]))
+        handed_out = [item_id for claimed in got for item_id in claimed]
+        assert sorted(handed_out) == sorted(ids)
+
+    def test_an_item_claimed_by_id_is_completed_by_its_owner_only(self, store: QueueStore) -> None:
+        _claims_by_id(store)
+        added = store.add(new_item(recipients=["a@example.org"]))
+        store.claim_items([added.id], owner="task", now=T0, lease_until=T0 + LEASE)
+        with pytest.raises(QueueError) as error:
+            store.complete(added.id, owner="w1", result=result(T0, **{"a@example.org": (S.DELIVERED, OK)}))
+        assert error.value.code == "LEASE_LOST"
+        assert store.complete(added.id, owner="task", result=result(T0, **{"a@example.org": (S.DELIVERED, OK)}))
+        assert store.get(added.id) is None
+
+    def test_claim_items_with_an_empty_owner_is_invalid(self, store: QueueStore) -> None:
+        _claims_by_id(store)
+        with pytest.raises(QueueError) as error:
+            store.claim_items([str(uuid.uuid4())], owner="", now=T0, lease_until=T0 + LEASE)
         assert error.value.code == "INVALID"
 
     def test_retry_now_on_a_leased_item_keeps_the_lease(self, store: QueueStore) -> None:
@@ -635,6 +958,339 @@ class StoreContract:
         summary = store.summary(now=T0)
         assert (summary.total, summary.oldest_created_at, summary.shape, summary.due) == (0, None, (), 0)
 
+    # -- reading for monitors: the gauges of the metrics ---------------------------------
+
+    def test_gauges_count_items_by_state_recipients_and_ages(self, store: QueueStore) -> None:
+        self._three_states(store)
+        old = store.add(new_item(recipients=["o@slow.example"], created_at=T0 - timedelta(hours=30)))
+        gauges = store.gauges(now=T0 + timedelta(minutes=1))
+        assert gauges == QueueGauges(
+            now=T0 + timedelta(minutes=1),
+            items={ItemState.QUEUED: 2, ItemState.DEFERRED: 1, ItemState.DELIVERING: 1},
+            recipients={S.PENDING: 4, S.DEFERRED: 1},
+            oldest={ItemState.QUEUED: old.created_at, ItemState.DEFERRED: T0, ItemState.DELIVERING: T0},
+            due=1,  # the old one: ``queued`` is due at T0 + 5 minutes, ``deferred`` at T0 + 30
+            first_due_at=old.created_at,
+            exact=True,
+        )
+        assert gauges.total == 4
+
+    def test_gauges_take_an_expired_lease_for_due(self, store: QueueStore) -> None:
+        self._three_states(store)
+        later = T0 + LEASE + timedelta(seconds=1)
+        gauges = store.gauges(now=later)
+        assert gauges.items == {ItemState.QUEUED: 2, ItemState.DEFERRED: 1, ItemState.DELIVERING: 0}
+        assert gauges.oldest[ItemState.DELIVERING] is None
+        # The item whose lease expired (due at its lease's end) and the queued one.
+        assert (gauges.due, gauges.first_due_at) == (2, T0 + timedelta(minutes=5))
+
+    def test_gauges_leave_final_recipients_out(self, store: QueueStore) -> None:
+        added = store.add(new_item(recipients=["a@one.example", "b@two.example", "c@two.example"]))
+        claim_one(store)
+        store.complete(
+            added.id,
+            owner="w1",
+            result=result(
+                T0 + timedelta(minutes=30),
+                **{
+                    "a@one.example": (S.DELIVERED, OK),
+                    "b@two.example": (S.DEFERRED, LATER),
+                    "c@two.example": (S.FAILED, NO_SUCH_USER),
+                },
+            ),
+        )
+        store.add(new_item(recipients=["d@three.example"]))
+        gauges = store.gauges(now=T0)
+        assert gauges.recipients == {S.PENDING: 1, S.DEFERRED: 1}
+        assert gauges.items == {ItemState.QUEUED: 1, ItemState.DEFERRED: 1, ItemState.DELIVERING: 0}
+
+    def test_gauges_of_an_empty_queue(self, store: QueueStore) -> None:
+        gauges = store.gauges(now=T0)
+        assert gauges == QueueGauges(
+            now=T0,
+            items=dict.fromkeys(ItemState, 0),
+            recipients={S.PENDING: 0, S.DEFERRED: 0},
+            oldest=dict.fromkeys(ItemState),
+            due=0,
+            first_due_at=None,
+            exact=True,
+        )
+
     def test_estimated_count_of_a_small_queue_is_exact(self, store: QueueStore) -> None:
         store.add_many([new_item(), new_item(), new_item()])
         assert store.estimated_count() == 3
+
+    # -- MTA-STS policies and TLS report counts -----------------------------------------
+
+    def test_an_sts_policy_is_kept_per_domain_the_last_put_replacing_the_one_before(self, store: QueueStore) -> None:
+        assert store.get_sts_policy("example.org") is None
+        first = sts_policy("example.org", id="one")
+        store.put_sts_policy(first)
+        store.put_sts_policy(sts_policy("example.net", id="other"))
+        assert store.get_sts_policy("example.org") == first
+        second = dataclasses.replace(
+            first, id="two", mode=STSMode.TESTING, mx=("*.mx.example.org",), max_age=60, fetched_at=T0 + LEASE
+        )
+        store.put_sts_policy(second)
+        assert store.get_sts_policy("example.org") == second
+        assert store.get_sts_policy("example.net").id == "other"
+
+    def test_an_expired_sts_policy_is_kept_for_the_caller_to_judge(self, store: QueueStore) -> None:
+        expired = sts_policy("example.org", id="old", max_age=1, fetched_at=T0 - timedelta(days=400))
+        store.put_sts_policy(expired)
+        assert store.get_sts_policy("example.org") == expired
+
+    def test_sts_policy_text_a_store_cannot_keep_is_invalid(self, store: QueueStore) -> None:
+        with pytest.raises(QueueError) as caught:
+            store.put_sts_policy(sts_policy("example.org", id="bad\x00"))
+        assert caught.value.code == "INVALID"
+        assert store.get_sts_policy("example.org") is None
+
+    def test_tls_session_counts_of_one_kind_add_up_and_keep_their_first_reason(self, store: QueueStore) -> None:
+        day = date(2026, 1, 1)
+        ok = tls_count(day, result=None, count=3)
+        failed = tls_count(day, result=TLSResult.STARTTLS_NOT_SUPPORTED, mx_host="mx.example.org", address="192.0.2.1")
+        store.count_tls_sessions([ok, failed, dataclasses.replace(ok, count=2)])
+        store.count_tls_sessions([dataclasses.replace(failed, reason="said later", count=4)])
+        counted = sorted(store.tls_session_counts(day), key=lambda c: c.result or "")
+        assert counted == [dataclasses.replace(ok, count=5), dataclasses.replace(failed, count=5)]
+
+    def test_tls_session_counts_of_other_kinds_stay_apart(self, store: QueueStore) -> None:
+        day = date(2026, 1, 1)
+        base = tls_count(day, result=TLSResult.CERTIFICATE_EXPIRED, mx_host="mx1.example.org", address="192.0.2.1")
+        others = [
+            dataclasses.replace(base, mx_host="mx2.example.org"),
+            dataclasses.replace(base, address="2001:db8::1"),
+            dataclasses.replace(base, result=TLSResult.CERTIFICATE_NOT_TRUSTED),
+            dataclasses.replace(base, policy_id="2", policy=("version: STSv1", "mode: none", "max_age: 1")),
+            dataclasses.replace(base, domain="example.net"),
+            dataclasses.replace(base, day=date(2026, 1, 2)),
+        ]
+        store.count_tls_sessions([base, *others])
+        assert sorted(c.kind for c in store.tls_session_counts(day)) == sorted(c.kind for c in [base, *others[:-1]])
+        assert store.tls_session_counts(date(2026, 1, 2)) == [others[-1]]
+        assert store.tls_session_counts(date(2026, 1, 3)) == []
+
+    def test_a_policy_that_could_not_be_had_is_counted_without_lines(self, store: QueueStore) -> None:
+        day = date(2026, 1, 1)
+        fetch_error = tls_count(day, result=TLSResult.STS_POLICY_FETCH_ERROR, policy=(), reason="HTTP 404")
+        store.count_tls_sessions([fetch_error])
+        assert store.tls_session_counts(day) == [fetch_error]
+
+    def test_counting_no_tls_session_writes_nothing(self, store: QueueStore) -> None:
+        store.count_tls_sessions([])
+        assert store.tls_session_counts(date(2026, 1, 1)) == []
+
+    def test_tls_count_text_a_store_cannot_keep_is_invalid_and_nothing_is_counted(self, store: QueueStore) -> None:
+        day = date(2026, 1, 1)
+        with pytest.raises(QueueError) as caught:
+            store.count_tls_sessions([tls_count(day, result=None), tls_count(day, result=None, reason="\ud800")])
+        assert caught.value.code == "INVALID"
+        assert store.tls_session_counts(day) == []
+
+    def test_purging_tls_session_counts_drops_the_days_before_the_one_given(self, store: QueueStore) -> None:
+        days = [date(2026, 1, 1), date(2026, 1, 2), date(2026, 1, 3)]
+        store.count_tls_sessions(
+            [tls_count(day, result=result) for day in days for result in (None, TLSResult.VALIDATION_FAILURE)]
+        )
+        assert store.purge_tls_session_counts(before=date(2026, 1, 3)) == 4
+        assert store.tls_session_counts(days[0]) == store.tls_session_counts(days[1]) == []
+        assert len(store.tls_session_counts(days[2])) == 2
+        assert store.purge_tls_session_counts(before=date(2026, 1, 3)) == 0
+
+    # -- the suppression list -----------------------------------------------------------
+
+    def _suppress(self, store: QueueStore, *entries: Suppression) -> None:
+        store.update_suppressions(SuppressionChange(add=entries), now=entries[0].created_at)
+
+    def _expire(self, store: QueueStore, address: str, at: datetime) -> tuple[Suppression, ...]:
+        """Note one expiry of ``address`` at ``at``; return the entries it put in force."""
+        entry = suppression(address, at=at, reason=SuppressionReason.EXPIRED, reply=EXPIRED)
+        change = SuppressionChange(expired=(entry,), note_until=at + SUPPRESSED_FOR)
+        return store.update_suppressions(change, now=at).suppressed
+
+    def test_a_suppressed_address_is_found_however_its_domain_is_written(self, store: QueueStore) -> None:
+        entry = suppression("Ann@xn--bcher-kva.example")
+        self._suppress(store, entry)
+        asked = ["Ann@Bücher.example", "Ann@BÜCHER.EXAMPLE.", "Ann@xn--bcher-kva.example", "ann@bücher.example"]
+        found = store.suppressions_of(asked, now=T0 + timedelta(days=1))
+        # The local part as written (RFC 5321 §2.4): "ann" is another mailbox.
+        assert found == dict.fromkeys(asked[:3], entry)
+
+    def test_a_batch_is_answered_for_the_suppressed_alone(self, store: QueueStore) -> None:
+        gone, moved = (
+            suppression("gone@example.org"),
+            suppression("moved@example.net", reply=Reply(code=550, status="5.1.6", text="Moved")),
+        )
+        self._suppress(store, gone, moved)
+        asked = [f"ok{n}@example.org" for n in range(600)] + ["gone@example.org", "moved@example.net", "nul\x00@x.org"]
+        assert store.suppressions_of(asked, now=T0) == {"gone@example.org": gone, "moved@example.net": moved}
+        assert store.suppressions_of([], now=T0) == {}
+
+    def test_an_entry_past_its_time_is_never_returned(self, store: QueueStore) -> None:
+        entry = suppression("gone@example.org", lasts=timedelta(days=1))
+        self._suppress(store, entry)
+        assert store.suppressions_of(["gone@example.org"], now=entry.expires_at - timedelta(seconds=1))
+        assert store.count_suppressions(now=entry.expires_at - timedelta(seconds=1)) == 1
+        after = entry.expires_at
+        assert store.suppressions_of(["gone@example.org"], now=after) == {}
+        assert store.search_suppressions(now=after) == []
+        assert store.count_suppressions(now=after) == 0
+
+    def test_an_entry_replaces_the_one_of_its_address(self, store: QueueStore) -> None:
+        self._suppress(store, suppression("gone@example.org"))
+        later = suppression(
+            "gone@example.org", at=T0 + timedelta(days=3), reply=Reply(code=550, status="5.1.10", text="Null MX")
+        )
+        self._suppress(store, later)
+        assert store.suppressions_of(["gone@example.org"], now=later.created_at) == {"gone@example.org": later}
+        assert store.count_suppressions(now=later.created_at) == 1
+
+    def test_clear_takes_entries_off_and_says_which_were_in_force(self, store: QueueStore) -> None:
+        self._suppress(store, suppression("a@example.org"), suppression("b@example.org", lasts=timedelta(hours=1)))
+        now = T0 + timedelta(hours=2)  # b's entry has expired
+        done = store.update_suppressions(
+            SuppressionChange(clear=("a@example.org", "b@example.org", "never@example.org")), now=now
+        )
+        assert (done.suppressed, sorted(done.removed)) == ((), ["a@example.org"])
+        assert store.suppressions_of(["a@example.org", "b@example.org"], now=T0) == {}
+
+    def test_a_second_expiry_while_the_note_lasts_suppresses(self, store: QueueStore) -> None:
+        assert self._expire(store, "slow@example.org", T0) == ()
+        assert store.suppressions_of(["slow@example.org"], now=T0) == {}
+        assert store.search_suppressions(now=T0) == [] and store.count_suppressions(now=T0) == 0
+        second = T0 + timedelta(days=29)
+        [entry] = self._expire(store, "slow@example.org", second)
+        assert entry == suppression("slow@example.org", at=second, reason=SuppressionReason.EXPIRED, reply=EXPIRED)
+        assert store.suppressions_of(["slow@example.org"], now=second) == {"slow@example.org": entry}
+        assert store.search_suppressions(now=second) == [entry]
+
+    def test_an_expiry_after_the_note_lapsed_is_a_first_again(self, store: QueueStore) -> None:
+        self._expire(store, "slow@example.org", T0)
+        again = T0 + SUPPRESSED_FOR
+        assert self._expire(store, "slow@example.org", again) == ()
+        assert store.suppressions_of(["slow@example.org"], now=again) == {}
+        assert len(self._expire(store, "slow@example.org", again + timedelta(days=1))) == 1
+
+    def test_an_expiry_of_a_suppressed_address_keeps_its_entry(self, store: QueueStore) -> None:
+        entry = suppression("gone@example.org")
+        self._suppress(store, entry)
+        for day in (1, 2):
+            assert self._expire(store, "gone@example.org", T0 + timedelta(days=day)) == ()
+        assert store.suppressions_of(["gone@example.org"], now=T0 + timedelta(days=3)) == {"gone@example.org": entry}
+
+    def test_clear_forgets_a_note_and_no_note_forgets_nothing(self, store: QueueStore) -> None:
+        self._expire(store, "slow@example.org", T0)
+        store.update_suppressions(SuppressionChange(clear=("slow@example.org",)), now=T0 + timedelta(days=1))
+        assert self._expire(store, "slow@example.org", T0 + timedelta(days=2)) == ()
+        # Without a note_until, an expiry notes nothing but still completes a note that lasts.
+        entry = suppression(
+            "slow@example.org", at=T0 + timedelta(days=3), reason=SuppressionReason.EXPIRED, reply=EXPIRED
+        )
+        done = store.update_suppressions(SuppressionChange(expired=(entry,)), now=entry.created_at)
+        assert done.suppressed == (entry,)
+
+    def test_search_is_the_newest_first_page_by_page(self, store: QueueStore) -> None:
+        entries = [suppression(f"m{n}@example.org", at=T0 + timedelta(minutes=n)) for n in range(5)]
+        for entry in entries:
+            self._suppress(store, entry)
+        now = T0 + timedelta(hours=1)
+        newest_first = entries[::-1]
+        assert store.search_suppressions(now=now) == newest_first
+        assert store.search_suppressions(now=now, offset=1, limit=2) == newest_first[1:3]
+        assert store.search_suppressions(now=now, offset=4, limit=2) == newest_first[4:]
+        assert store.search_suppressions(now=now, limit=0) == []
+        assert store.count_suppressions(now=now) == 5
+
+    def test_search_by_text_takes_part_of_an_address_ascii_case_aside(self, store: QueueStore) -> None:
+        ann, bob, cy = (
+            suppression("Ann@xn--bcher-kva.example", at=T0 + timedelta(minutes=2)),
+            suppression("bob@example.org", at=T0 + timedelta(minutes=1)),
+            suppression("cy_100%@example.org"),
+        )
+        self._suppress(store, ann)
+        self._suppress(store, bob)
+        self._suppress(store, cy)
+        now = T0 + timedelta(hours=1)
+
+        def found(text: str) -> list[str]:
+            return [entry.address for entry in store.search_suppressions(now=now, text=text)]
+
+        assert found("ANN@") == [ann.address]
+        assert found("ann@bücher.example") == [ann.address]
+        assert found("Bücher") == [ann.address]
+        assert found("@example.org") == [bob.address, cy.address]
+        assert found("_100%") == [cy.address]
+        assert found("y_1") == [cy.address] and found("y11") == []
+        assert found("nobody") == []
+        assert [e.address for e in store.search_suppressions(now=now, text="example", offset=1, limit=1)] == [
+            bob.address
+        ]
+
+    def test_purge_drops_what_expired_and_keeps_the_rest(self, store: QueueStore) -> None:
+        short = suppression("short@example.org", lasts=timedelta(days=1))
+        long = suppression("long@example.org")
+        self._suppress(store, short, long)
+        self._expire(store, "slow@example.org", T0)  # its note lasts SUPPRESSED_FOR
+        now = T0 + timedelta(days=2)
+        assert store.purge_suppressions(now=now) == 1
+        assert store.purge_suppressions(now=now) == 0
+        assert store.search_suppressions(now=T0) == [long]
+        assert len(self._expire(store, "slow@example.org", now)) == 1  # the note was kept
+        assert store.purge_suppressions(now=T0 + timedelta(days=100)) == 2
+
+    def test_expiries_noted_at_once_by_several_workers_suppress_once(self, store: QueueStore) -> None:
+        # The second expiry suppresses, whichever of the four it is; the others find the
+        # note, or the entry, the one before wrote.
+        start = threading.Barrier(4)
+        done: builtins.list[int] = []
+        failures: builtins.list[BaseException] = []
+
+        def note() -> None:
+            try:
+                start.wait(10)
+                done.append(len(self._expire(store, "slow@example.org", T0)))
+            except BaseException as error:  # reported below, in the test's thread
+                failures.append(error)
+            finally:
+                connections.close_all()
+
+        threads = [threading.Thread(target=note) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert failures == []
+        assert sorted(done) == [0, 0, 0, 1]
+        assert store.count_suppressions(now=T0) == 1
+
+    def test_suppression_text_a_store_cannot_keep_is_invalid(self, store: QueueStore) -> None:
+        for bad in (
+            suppression("nul\x00@example.org"),
+            suppression("a@example.org", reply=Reply(code=550, status="5.1.1", text="no\udc80such")),
+        ):
+            with pytest.raises(QueueError) as raised:
+                store.update_suppressions(SuppressionChange(add=(bad,)), now=T0)
+            assert raised.value.code == "INVALID"
+        assert store.count_suppressions(now=T0) == 0
+
+
+def sts_policy(domain: str, *, id: str, max_age: int = 86400, fetched_at: datetime = T0) -> STSPolicy:
+    """Return an ``enforce`` policy of ``domain`` whose mx is ``mx.<domain>``."""
+    return STSPolicy(
+        domain=domain, id=id, mode=STSMode.ENFORCE, mx=(f"mx.{domain}",), max_age=max_age, fetched_at=fetched_at
+    )
+
+
+def tls_count(day: date, *, result: TLSResult | None, count: int = 1, **fields: Any) -> TLSSessionCount:
+    """Return a count of ``example.org``'s TLS sessions under its policy ``1``."""
+    fields.setdefault("policy", ("version: STSv1", "mode: enforce", "mx: mx.example.org", "max_age: 86400"))
+    fields.setdefault("reason", "" if result is None else "said first")
+    return TLSSessionCount(
+        day=day,
+        domain=fields.pop("domain", "example.org"),
+        policy_id=fields.pop("policy_id", "1"),
+        result=result,
+        count=count,
+        **fields,
+    )

@@ -12,7 +12,9 @@ One ``Worker`` runs one claim loop in the calling thread and delivers on a pool 
 threads, one per session (SMTP is I/O, and ``smtplib`` blocks). The loop:
 
 1. claims up to ``CLAIM_BATCH_SIZE`` due items once fewer than half a batch (or
-   ``CONCURRENCY``) wait to start, so the claim overlaps the last deliveries;
+   ``CONCURRENCY``) wait to start, so the claim overlaps the last deliveries, and
+   looks their pending recipients up in the suppression list (one round trip): a
+   suppressed recipient fails without a session;
 2. starts each on a thread once fewer than ``CONCURRENCY`` sessions are making
    progress and its destinations have a free ``DOMAIN_CONCURRENCY`` slot (an item
    waiting for a busy domain never blocks the others). A session of a small message
@@ -25,6 +27,7 @@ A delivery thread whose message's final dot is about to go on a kept connection 
 server that offers PIPELINING takes a follower (``_take_follower``): the next waiting
 item for the same destination starts on that session, in its slot, its commands sent
 with the dot (RFC 2920), and the thread delivers it next: one round trip a message.
+Not at a destination ``SHAPING`` limits, where every session asks for its own room.
 
 A delivery thread hands its attempt to the recorder thread and takes the next item
 while the outcome is written: the recorder thread lets a batch fill while sessions
@@ -47,22 +50,35 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from datetime import datetime
+from collections.abc import Callable, Container, Sequence
+from datetime import UTC, datetime
 from typing import cast
 
 from django.db import connections
 from django.utils import timezone
 
-from bumail_queue.conf import QueueSettings, get_settings
+from bumail_queue.conf import QueueSettings, Route, get_settings
 from bumail_queue.delivery.dkim import Signatures
-from bumail_queue.delivery.envelope import Delivery, Envelope, FollowingTransport, Host, Resolver, Transport
+from bumail_queue.delivery.dsn import header_block
+from bumail_queue.delivery.envelope import (
+    Delivery,
+    Envelope,
+    Follow,
+    FollowingTransport,
+    Host,
+    Resolver,
+    TLSSession,
+    Transport,
+)
+from bumail_queue.delivery.mta_sts import AppliedPolicy, STSPolicies
 from bumail_queue.delivery.routes import Destination, group_by_destination
+from bumail_queue.delivery.tlsrpt import TLSReportCounter
 from bumail_queue.errors import QueueError
-from bumail_queue.items import Outcome, QueueItem, RecipientStatus, Reply
+from bumail_queue.items import AttemptResult, Outcome, QueueItem, RecipientStatus, Reply
 from bumail_queue.outcomes import (
     Attempt,
     Enqueue,
+    Meter,
     Recorder,
     Stats,
     close_broken_connections,
@@ -70,12 +86,15 @@ from bumail_queue.outcomes import (
     report_error,
     store_enqueue,
 )
+from bumail_queue.shaper import Held, Shaper
 from bumail_queue.stores import QueueStore, get_store
 from bumail_queue.stores.base import WorkListener
+from bumail_queue.suppression import Suppression, suppressed_reply
 from bumail_queue.threads import ThreadPool
 
 __all__ = [
     "Attempt",
+    "Meter",
     "Resolver",
     "Stats",
     "Transport",
@@ -135,6 +154,7 @@ class Worker:
         store: QueueStore | None = None,
         transport: Transport | None = None,
         resolver: Resolver | None = None,
+        mta_sts: STSPolicies | None = None,
         owner: str | None = None,
         concurrency: int | None = None,
         domain_concurrency: int | None = None,
@@ -142,7 +162,14 @@ class Worker:
         clock: Clock = timezone.now,
         rng: random.Random | None = None,
         enqueue: Enqueue | None = None,
+        item_ids: Sequence[str] | None = None,
+        claim_seconds: float | None = None,
+        meter: Meter | None = None,
     ) -> None:
+        """``item_ids``: claim only those items (``QueueStore.claim_items``), each once if
+        due and free, rather than whatever is due. ``claim_seconds``: once this long
+        has passed since the worker was made, stop after the claim under way, as
+        ``stop()`` does (a task's bounded run; one claim at least)."""
         self.settings = settings or get_settings()
         self.store = store or get_store()
         self.owner = owner or default_owner()
@@ -156,7 +183,12 @@ class Worker:
         # The transport can begin the next item's transaction with a message's final dot.
         self._following = cast(FollowingTransport, self.transport) if _takes_follow(self.transport) else None
         self._resolver = resolver
+        self._mta_sts = mta_sts
+        self._mta_sts_lock = threading.Lock()  # delivery threads ask for it at once
+        # The TLS sessions under MTA-STS policies, counted here and written now and then.
+        self.tls_reports = TLSReportCounter(self.store)
         self.stats = Stats()
+        self.meter = meter
         self._lease_until: dict[str, datetime] = {}
         self.recorder = Recorder(
             store=self.store,
@@ -166,6 +198,7 @@ class Worker:
             enqueue=enqueue or store_enqueue(self.store, self.settings, clock),
             stats=self.stats,
             lease_until=self._lease_until.get,
+            meter=meter,
         )
         self._changed = threading.Condition()
         self._stopping = threading.Event()
@@ -180,6 +213,8 @@ class Worker:
         self._sessions: dict[str, _Session] = {}
         self._to_record: queue_module.SimpleQueue[Attempt | None] = queue_module.SimpleQueue()
         self._prefetched: dict[str, bytes] = {}
+        # Per claimed item, its pending recipients the suppression list held at the claim.
+        self._suppressed: dict[str, dict[str, Suppression]] = {}
         self._busy: Counter[str] = Counter()
         # The last claim took fewer items than it asked for: the queue had no more due,
         # so finished sessions need not wake the loop to claim until mail is announced.
@@ -187,6 +222,14 @@ class Worker:
         # Set while no session is under way: the recorder stops waiting for more.
         self._sessions_idle = threading.Event()
         self._sessions_idle.set()
+        # SHAPING's side: None without it, so an unshaped worker never asks the store.
+        self.shaper = Shaper.of(settings=self.settings, store=self.store, owner=self.owner, clock=clock)
+        # The earliest time an item this worker held back for shaping falls due again:
+        # the loop wakes for it rather than waiting for its poll.
+        self._held_due: datetime | None = None
+        # The ids still to claim, when this worker was given ids rather than the queue.
+        self._ids_to_claim = None if item_ids is None else list(dict.fromkeys(item_ids))
+        self._claim_until = None if claim_seconds is None else time.monotonic() + claim_seconds
 
     def _default_transport(self) -> Transport:
         from bumail_queue.delivery.smtp import SMTPTransport
@@ -199,6 +242,7 @@ class Worker:
             unreachable_memory_seconds=self.settings.unreachable_host_memory.total_seconds(),
             # Without signers it signs nothing, and the transport leaves it out.
             dkim=Signatures(self.settings.dkim, unsigned_on_error=self.settings.dkim_unsigned_on_error),
+            ca_file=self.settings.tls_ca_file,
         )
 
     @property
@@ -219,6 +263,23 @@ class Worker:
             address_limit=self.settings.mx_address_limit,
         )
 
+    @property
+    def mta_sts(self) -> STSPolicies | None:
+        """The MTA-STS policies of recipient domains (``None`` with ``MTA_STS`` off),
+        made when first needed, kept in the store for every worker."""
+        if self._mta_sts is None and self.settings.mta_sts:
+            with self._mta_sts_lock:
+                if self._mta_sts is None:  # one for all threads: one fetch per domain
+                    self._mta_sts = STSPolicies(
+                        cache=self.store,
+                        nameservers=self.settings.dns_nameservers,
+                        https_port=self.settings.mta_sts_https_port,
+                        ca_file=self.settings.tls_ca_file,
+                        allowed_networks=self.settings.allowed_private_networks,
+                        clock=self.clock,
+                    )
+        return self._mta_sts
+
     # -- control ----------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -231,6 +292,11 @@ class Worker:
         """Ask the loop to stop, from a signal handler: it takes no lock, so it cannot
         deadlock with the thread it interrupts; the loop sees it within half a second."""
         self._stop_requested = True
+
+    def sessions_under_way(self) -> int:
+        """Return how many items are being delivered now (for a monitor)."""
+        with self._changed:
+            return len(self._sessions)
 
     @property
     def stopping(self) -> bool:
@@ -271,6 +337,7 @@ class Worker:
             if listener.is_alive():
                 listener.join()
             self.transport.close()
+            self.tls_reports.flush()
         return self.stats
 
     # -- the loop ---------------------------------------------------------------------
@@ -278,8 +345,14 @@ class Worker:
     def _loop(self, pool: ThreadPool) -> None:
         while not self.stopping:
             close_broken_connections()
+            self.tls_reports.flush_if_due()
             claimed = self._claim()
             self._start_what_fits(pool)
+            if self._claim_until is not None and time.monotonic() >= self._claim_until:
+                # A bounded run: what was claimed and not started is given back, due at once.
+                logger.info("claim time over owner=%s", self.owner, extra={"action": "stop"})
+                self.stop()
+                return
             if claimed and not self._drained:
                 continue
             with self._changed:
@@ -287,6 +360,8 @@ class Worker:
                     return
             self._idle(self._idle_seconds())
             self.transport.close_idle()
+            if self.shaper is not None:
+                self.shaper.forget_idle()
 
     def _idle(self, seconds: float) -> None:
         """Wait until woken, or ``seconds`` pass, or a stop is requested."""
@@ -322,20 +397,36 @@ class Worker:
         until = now + self.settings.lease
         limit = self.settings.claim_batch_size
         try:
-            claimed = self.store.claim(owner=self.owner, now=now, lease_until=until, limit=limit)
+            claimed, drained = self._claim_batch(now, until, limit)
         except QueueError as error:
             self.stats.store_errors += 1
+            if self.meter is not None:
+                self.meter.store_failed()
             report_error(error, None)
             self._stopping.wait(min(self.settings.poll_seconds, 5))
             return []
+        if self.meter is not None:
+            self.meter.claimed(len(claimed))
         prefetched = self._prefetch(claimed)
+        suppressed = self._suppressed_in(claimed, now)
         with self._changed:
-            self._drained = len(claimed) < limit
-            self._waiting.extend((item, self._limit_keys(item)) for item in claimed)
+            self._drained = drained
+            self._waiting.extend((item, self._limit_keys(item, suppressed.get(item.id, {}))) for item in claimed)
             self._prefetched.update(prefetched)
+            self._suppressed.update(suppressed)
             for item in claimed:
                 self._lease_until[item.id] = until
         return claimed
+
+    def _claim_batch(self, now: datetime, until: datetime, limit: int) -> tuple[list[QueueItem], bool]:
+        """Claim up to ``limit`` items; return them and whether nothing more is to claim."""
+        if self._ids_to_claim is None:
+            claimed = self.store.claim(owner=self.owner, now=now, lease_until=until, limit=limit)
+            return claimed, len(claimed) < limit
+        batch = self._ids_to_claim[:limit]
+        claimed = self.store.claim_items(batch, owner=self.owner, now=now, lease_until=until) if batch else []
+        del self._ids_to_claim[: len(batch)]  # after the claim: a store error leaves them to try again
+        return claimed, not self._ids_to_claim
 
     def _prefetch(self, claimed: list[QueueItem]) -> dict[str, bytes]:
         # One query for a claim's messages, instead of one per session in the threads
@@ -353,19 +444,45 @@ class Worker:
         except QueueError:
             return {}
 
-    def _limit_keys(self, item: QueueItem) -> set[str]:
-        pending = [r.address for r in item.pending_recipients]
+    def _suppressed_in(self, claimed: list[QueueItem], now: datetime) -> dict[str, dict[str, Suppression]]:
+        """Look a claim's pending recipients up in the suppression list, in one round trip.
+
+        Here, before routing, rather than at enqueue: enqueue reads nothing more, an
+        address suppressed after its mail was queued (a deferred recipient's) is caught
+        at its next attempt, and a suppressed recipient fails through the recorder, with
+        its signal, log entry and DSN, as any other failure.
+        """
+        if not self.settings.suppression or not claimed:
+            return {}
+        addresses = {r.address for item in claimed for r in item.pending_recipients}
+        try:
+            found = self.store.suppressions_of(addresses, now=now)
+        except QueueError as error:
+            # The lesser harm is to deliver: a remote that refuses a dead mailbox says so again.
+            report_error(error, None)
+            return {}
+        by_item = {}
+        for item in claimed:
+            held = {r.address: found[r.address] for r in item.pending_recipients if r.address in found}
+            if held:
+                by_item[item.id] = held
+        return by_item
+
+    def _limit_keys(self, item: QueueItem, suppressed: Container[str] = ()) -> set[str]:
+        # A suppressed recipient needs no session, so no slot at its destination.
+        pending = [r.address for r in item.pending_recipients if r.address not in suppressed]
         return {d.limit_key for d in group_by_destination(pending, self.settings)}
 
-    def _take_follower(self, destination: Destination, hosts: Sequence[Host], handoff: _Handoff) -> Envelope | None:
+    def _take_follower(self, destination: Destination, path: _Path, handoff: _Handoff) -> Envelope | None:
         """Start the next waiting item for ``destination`` on the session of the one
         whose final dot is about to go, and return its envelope; ``None`` if none waits.
 
         Called by the transport from a delivery thread. The follower takes over its
         predecessor's session and its ``DOMAIN_CONCURRENCY`` slot: the destination gets
         no more sessions than before, and its next message costs one round trip. Only
-        an item whose every recipient goes to ``destination``, and whose message was
-        read with its claim, follows: the thread then goes straight to the session.
+        an item whose every recipient goes to ``destination`` (but those the claim found
+        suppressed, which fail without a session), and whose message was read with its
+        claim, follows: the thread then goes straight to the session, on ``path``.
         """
         key = destination.limit_key
         with self._changed:
@@ -374,7 +491,8 @@ class Worker:
             for index, (item, keys) in enumerate(self._waiting):
                 if keys != {key} or (message := self._prefetched.get(item.id)) is None:
                     continue
-                addresses = [r.address for r in item.pending_recipients]
+                suppressed = self._suppressed.get(item.id, {})
+                addresses = [r.address for r in item.pending_recipients if r.address not in suppressed]
                 if list(group_by_destination(addresses, self.settings)) != [destination]:
                     continue  # the same smarthost host and port, another route (user, TLS)
                 del self._waiting[index]
@@ -383,7 +501,7 @@ class Worker:
                 self._sessions[item.id] = _Session(
                     started=time.monotonic(), may_turn_slow=item.size <= SLOW_SESSION_MESSAGE_LIMIT
                 )
-                handoff.follower = _Follower(item=item, keys=keys, hosts=tuple(hosts), message=message)
+                handoff.follower = _Follower(item=item, keys=keys, path=path, message=message)
                 return Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message)
         return None
 
@@ -415,7 +533,9 @@ class Worker:
         # The session's slots are free for the next item, but those a follower took
         # over with the session itself (``kept``); the lease stays until recorded.
         with self._changed:
-            self._sessions.pop(item.id, None)
+            session = self._sessions.pop(item.id, None)
+            if self.meter is not None and session is not None:
+                self.meter.session_ended(time.monotonic() - session.started)
             self._busy.subtract(keys - kept)
             self._busy += Counter()  # drop the keys that reached zero
             if to_record:
@@ -463,10 +583,15 @@ class Worker:
         return min(turns, default=None)
 
     def _idle_seconds(self) -> float:
-        """How long the loop may sleep: ``POLL_SECONDS``, or less when a slot frees sooner."""
+        """How long the loop may sleep: ``POLL_SECONDS``, or less when a slot frees
+        sooner or an item held back for shaping falls due."""
         with self._changed:
             turn = self._seconds_until_a_session_turns_slow()
-        return self.settings.poll_seconds if turn is None else max(0.0, min(self.settings.poll_seconds, turn))
+            held_due, self._held_due = self._held_due, None
+        seconds = self.settings.poll_seconds if turn is None else max(0.0, min(self.settings.poll_seconds, turn))
+        if held_due is not None:
+            seconds = max(0.0, min(seconds, (held_due - self.clock()).total_seconds()))
+        return seconds
 
     def _wake_loop_if_needed(self) -> None:
         """Wake the loop when it has something to do (call with ``_changed`` held): claim
@@ -479,6 +604,7 @@ class Worker:
     def _forget(self, item_id: str) -> None:
         """Drop an item the worker no longer holds (call with ``_changed`` held)."""
         self._prefetched.pop(item_id, None)
+        self._suppressed.pop(item_id, None)
         self._in_flight.pop(item_id, None)
         self._ended.discard(item_id)
         self._lease_until.pop(item_id, None)
@@ -488,6 +614,8 @@ class Worker:
             waiting = [item for item, _ in self._waiting]
             self._waiting = []
             self._prefetched.clear()
+            for item in waiting:
+                self._suppressed.pop(item.id, None)
         now = self.clock()
         for item in waiting:
             try:
@@ -520,6 +648,8 @@ class Worker:
                     with self._changed:
                         if renewed and item_id in self._lease_until:
                             self._lease_until[item_id] = until
+                if self.shaper is not None:
+                    self.shaper.renew(until)  # the slots of sessions under way, leased as items are
         finally:
             connections.close_all()
 
@@ -606,7 +736,10 @@ class Worker:
             connections.close_all()
 
     def attempt(self, item: QueueItem) -> Attempt | None:
-        """Try every pending recipient of ``item`` once; ``None`` if the item is gone."""
+        """Try every pending recipient of ``item`` once; ``None`` if the item is gone.
+
+        Those the claim found on the suppression list fail at once, untried.
+        """
         return self._attempt(item)
 
     def _attempt(
@@ -614,11 +747,10 @@ class Worker:
     ) -> Attempt | None:
         """``attempt()``; a ``follower`` goes on the session its predecessor left it, and
         the item that takes over this one's session, if one does, is put in ``handoff``."""
-        if follower is not None:
-            message: bytes | None = follower.message
-        else:
-            with self._changed:
-                message = self._prefetched.pop(item.id, None)
+        with self._changed:
+            prefetched = self._prefetched.pop(item.id, None)
+            suppressed = self._suppressed.pop(item.id, {})
+        message = follower.message if follower is not None else prefetched
         if message is None:
             close_broken_connections()  # the only database use of a delivery thread
             message = self.store.read_message(item.id)
@@ -630,40 +762,116 @@ class Worker:
                 for r in item.pending_recipients
             }
             return self._attempt_from(item, lost, dict.fromkeys(lost), message=None)
-        outcomes: dict[str, Outcome] = {}
-        remote_hosts: dict[str, str | None] = {}
+        # A suppressed recipient fails at once, with no session: its reply says until when.
+        outcomes = {
+            address: Outcome(status=RecipientStatus.FAILED, reply=suppressed_reply(entry))
+            for address, entry in suppressed.items()
+        }
+        remote_hosts: dict[str, str | None] = dict.fromkeys(suppressed)
         tls: dict[str, bool] = {}
-        pending = [r.address for r in item.pending_recipients]
+        held: list[Held] = []
+        pending = [r.address for r in item.pending_recipients if r.address not in suppressed]
         groups = list(group_by_destination(pending, self.settings).items())
         for index, (destination, addresses) in enumerate(groups):
             envelope = Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message)
             delivery = self._deliver_to(
                 destination,
                 envelope,
-                hosts=follower.hosts if follower is not None else None,
+                path=follower.path if follower is not None else None,
                 # Only the last destination's session may pass to a follower.
                 handoff=handoff if index == len(groups) - 1 else None,
             )
+            if isinstance(delivery, Held):
+                held.append(delivery)  # its recipients keep their state, not attempted
+                continue
             for address in addresses:
                 outcomes[address] = delivery.outcomes[address]
                 remote_hosts[address] = delivery.remote_host
                 tls[address] = delivery.tls
+        if held:
+            return self._held_attempt(
+                item, outcomes, remote_hosts, held, message=message, tls=tls, suppressed=frozenset(suppressed)
+            )
         # The message is handed on: the DSNs return its header block, and recording
         # the last pending recipient drops it from the store.
-        return self._attempt_from(item, outcomes, remote_hosts, message=message, tls=tls)
+        return self._attempt_from(
+            item, outcomes, remote_hosts, message=message, tls=tls, suppressed=frozenset(suppressed)
+        )
+
+    def _held_attempt(
+        self,
+        item: QueueItem,
+        outcomes: dict[str, Outcome],
+        remote_hosts: dict[str, str | None],
+        held: list[Held],
+        *,
+        message: bytes,
+        tls: dict[str, bool],
+        suppressed: frozenset[str],
+    ) -> Attempt:
+        """An attempt some of whose destinations shaping held back: the item is due again
+        when the first of them has room (or sooner, for its retry); held alone, it goes
+        back with no attempt counted and no signal."""
+        until = min(h.until for h in held)
+        with self._changed:
+            self._held_due = until if self._held_due is None else min(self._held_due, until)
+        for h in held:
+            logger.debug(
+                "held item=%s destination=%s reason=%s until=%s",
+                item.id, h.key, h.reason, until.isoformat(),
+                extra={"action": "held", "item_id": item.id},
+            )  # fmt: skip
+        if not outcomes:
+            result = AttemptResult(outcomes={}, next_attempt_at=until, count_attempt=False)
+            return Attempt(item=item, result=result, remote_hosts={}, headers=header_block(message), held=True)
+        attempt = self._attempt_from(item, outcomes, remote_hosts, message=message, tls=tls, suppressed=suppressed)
+        # Due when the held destination has room, or sooner when a recipient deferred
+        # elsewhere is due again first.
+        deferred = any(o.status == RecipientStatus.DEFERRED for o in attempt.result.outcomes.values())
+        next_at = min(attempt.result.next_attempt_at, until) if deferred else until
+        attempt.result = dataclasses.replace(attempt.result, next_attempt_at=next_at)
+        return attempt
 
     def _deliver_to(
         self,
         destination: Destination,
         envelope: Envelope,
         *,
-        hosts: Sequence[Host] | None = None,
+        path: _Path | None = None,
         handoff: _Handoff | None = None,
-    ) -> Delivery:
+    ) -> Delivery | Held:
+        """Deliver ``envelope`` to ``destination`` (``Held`` when shaping has no room for
+        it). ``path``: a follower's, its predecessor's, looked up a moment ago. ``handoff``:
+        where the item that takes over the session goes, if one may."""
+        if path is None:
+            found = self._path_to(destination, envelope)
+            if isinstance(found, Delivery):
+                return found
+            path = found
+        shape = None if self.shaper is None else self.shaper.shape(destination, path.hosts)
+        if shape is None:
+            follow = None if handoff is None else functools.partial(self._take_follower, destination, path, handoff)
+            return self._send(envelope, path, follow=follow)
+        # Shaped: no follower. It would go out without a permit of its own (RATE counts
+        # every session, SUSPEND stops them), and a counted session ends with its slot.
+        assert self.shaper is not None
+        entry = self.shaper.enter(shape)
+        if isinstance(entry, Held):
+            return entry
+        delivery = None
+        try:
+            # A counted session keeps no idle connection: it ends with its slot.
+            delivery = self._send(envelope, path, reuse=not shape.limits.uses_slots)
+            return delivery
+        finally:
+            self.shaper.leave(entry, delivery)
+
+    def _path_to(self, destination: Destination, envelope: Envelope) -> _Path | Delivery:
+        """Return the route and hosts of ``destination`` under its MTA-STS policy, or the
+        ``Delivery`` that decides ``envelope`` without a session (DNS, no allowed host)."""
         route = destination.route
-        if hosts is not None:
-            pass  # a follower: its predecessor's hosts, looked up a moment ago
-        elif route.type == "smarthost":
+        hosts: Sequence[Host]
+        if route.type == "smarthost":
             assert route.host is not None and route.port is not None
             hosts = [Host(name=route.host, port=route.port)]
         else:
@@ -672,15 +880,37 @@ class Worker:
             if found.failure is not None:
                 return Delivery(outcomes=dict.fromkeys(envelope.recipients, found.failure), remote_host=None)
             hosts = found.hosts
-        if self._following is not None and handoff is not None:
-            follow = functools.partial(self._take_follower, destination, hosts, handoff)
+        policy = self.mta_sts.policy_for(destination.domain) if destination.domain and self.mta_sts else None
+        if policy is not None:
+            route, allowed = policy.route(route), policy.hosts(hosts)
+            if not allowed:  # enforce, and no MX host matches: 4.7.5, no session
+                self._count_tls(policy, (), excluded=hosts)
+                return Delivery(outcomes=dict.fromkeys(envelope.recipients, policy.refusal(hosts)), remote_host=None)
+            hosts = allowed
+        return _Path(route=route, hosts=tuple(hosts), policy=policy)
+
+    def _send(self, envelope: Envelope, path: _Path, *, reuse: bool = True, follow: Follow | None = None) -> Delivery:
+        route, hosts = path.route, path.hosts
+        if not reuse:
+            delivery = self.transport.deliver(envelope, route=route, hosts=hosts, reuse=False)
+        elif follow is not None and self._following is not None:
             delivery = self._following.deliver(envelope, route=route, hosts=hosts, follow=follow)
         else:
             delivery = self.transport.deliver(envelope, route=route, hosts=hosts)
         if delivery.option_error is not None:
             # The route's options were refused (4.3.5): the configuration is to fix.
             report_error(delivery.option_error, envelope.item_id)
+        if path.policy is not None:
+            # A follower's session was opened, and counted, by its predecessor's delivery.
+            self._count_tls(path.policy, delivery.tls_sessions)
         return delivery
+
+    def _count_tls(
+        self, policy: AppliedPolicy, sessions: Sequence[TLSSession], *, excluded: Sequence[Host] = ()
+    ) -> None:
+        """Count the sessions of a delivery under ``policy`` for the day's TLS report (RFC 8460)."""
+        day = self.clock().astimezone(UTC).date()
+        self.tls_reports.add(policy.counts(day, sessions, excluded=excluded))
 
     def _attempt_from(
         self,
@@ -690,6 +920,7 @@ class Worker:
         *,
         message: bytes | None,
         tls: dict[str, bool] | None = None,
+        suppressed: frozenset[str] = frozenset(),
     ) -> Attempt:
         return decide_attempt(
             item,
@@ -700,6 +931,7 @@ class Worker:
             now=self.clock(),
             rng=self.rng,
             tls=tls,
+            suppressed=suppressed,
         )
 
     # -- recording ----------------------------------------------------------------------
@@ -730,14 +962,25 @@ class _Session:
         return self.may_turn_slow and now >= self.turns_slow_at
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class _Path:
+    """How a destination's sessions go: its route and hosts as its MTA-STS policy leaves
+    them (the policy's TLS, only the MX hosts it allows), and that policy, for the TLS
+    reports (``None`` without one)."""
+
+    route: Route
+    hosts: tuple[Host, ...]
+    policy: AppliedPolicy | None
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class _Follower:
     """An item started on the session its predecessor was ending: the same
-    destination, the same hosts, its message read with its claim."""
+    destination, the same path, its message read with its claim."""
 
     item: QueueItem
     keys: set[str]
-    hosts: tuple[Host, ...]
+    path: _Path
     message: bytes
 
 

@@ -29,8 +29,9 @@ from bumail_queue.stores.orm import ORMStore
 from bumail_queue.stores.redis import RedisStore
 from tests.dkim_keys import TestKeys
 
-# Real servers on loopback that tests configure: a DNS server, SMTP servers, Redis servers.
-pytest_plugins = ["tests.servers.dns", "tests.servers.smtp", "tests.servers.redis"]
+# Real servers on loopback that tests configure: a DNS server, SMTP servers, Redis servers,
+# HTTPS servers of MTA-STS policies.
+pytest_plugins = ["tests.servers.dns", "tests.servers.smtp", "tests.servers.redis", "tests.servers.https"]
 
 VENDOR = {"django.db.backends.postgresql": "postgresql", "django.db.backends.sqlite3": "sqlite"}.get(
     settings.DATABASES["default"]["ENGINE"], "other"
@@ -174,3 +175,47 @@ def db_vendor() -> str:
 def dkim_keys() -> TestKeys:
     """DKIM keys made once for the session (RSA of 2,048, 1,024 and 768 bits, Ed25519)."""
     return TestKeys.make()
+
+
+@dataclasses.dataclass(frozen=True)
+class CeleryBroker:
+    """A Celery app on the test Redis, under a key prefix and a queue of one test's own."""
+
+    prefix: str
+    queue: str
+    client: object  # the redis client, to read the queue's messages
+
+    @property
+    def key(self) -> str:
+        """The Redis list of the queue's waiting messages."""
+        return f"{self.prefix}{self.queue}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a ``celery -A tests.celery_app`` process needs to use the same broker."""
+        return {"BUMAIL_TEST_CELERY_PREFIX": self.prefix, "BUMAIL_TEST_CELERY_QUEUE": self.queue}
+
+
+@pytest.fixture
+def celery_broker() -> Iterator[CeleryBroker]:
+    """This process's default Celery app for the test (tests/celery_app.py); its keys are
+    deleted after the test."""
+    from django_redis import get_redis_connection
+
+    from tests.celery_app import make_app
+
+    broker = CeleryBroker(
+        prefix=f"bumail:test:{uuid.uuid4().hex[:12]}:celery:",
+        queue=f"bumail-{uuid.uuid4().hex[:8]}",
+        client=get_redis_connection(REDIS_ALIAS),
+    )
+    app = make_app(prefix=broker.prefix, queue=broker.queue)
+    app.set_current()
+    app.set_default()
+    try:
+        yield broker
+    finally:
+        app.close()
+        keys = list(broker.client.scan_iter(match=f"{broker.prefix}*"))
+        if keys:
+            broker.client.delete(*keys)

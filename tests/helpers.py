@@ -86,12 +86,14 @@ class ScriptedTransport:
         self.default = default or Reply(code=250, status="2.0.0", text="OK queued")
         self.remote_host = remote_host
         self.envelopes = []
+        self.reuse = []  # the reuse= of each delivery
         self.on_deliver = on_deliver
         self.lock = threading.Lock()
 
-    def deliver(self, envelope, *, route, hosts):
+    def deliver(self, envelope, *, route, hosts, reuse=True):
         with self.lock:
             self.envelopes.append((envelope, route, tuple(hosts)))
+            self.reuse.append(reuse)
         if self.on_deliver:
             self.on_deliver(envelope)
         outcomes = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import tempfile
@@ -49,7 +50,13 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "bumail_queue",
     "tests.testapp",
+    # The delivery tasks' tests (tests/test_tasks_django.py): the database task backend,
+    # on Django 5.2 through the django-tasks backport of Django 6's django.tasks.
+    "django_tasks_db",
 ]
+if not importlib.util.find_spec("django.tasks"):
+    INSTALLED_APPS.append("django_tasks")
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -111,6 +111,10 @@ def test_the_check_command_reports_every_problem():
         ({**HOST, "POLL_SECONDS": 0}, "bumail_queue.E017"),
         ({**HOST, "UNREACHABLE_HOST_MEMORY": -300}, "bumail_queue.E021"),
         ({**HOST, "UNREACHABLE_HOST_MEMORY": "5m"}, "bumail_queue.E021"),
+        ({**HOST, "MTA_STS": "yes"}, "bumail_queue.E027"),
+        ({**HOST, "TLS_CA_FILE": "/no/such/ca.pem"}, "bumail_queue.E027"),
+        ({**HOST, "SUPPRESSION_DURATION": timedelta(0)}, "bumail_queue.E030"),
+        ({**HOST, "SUPPRESSION_DSN": "no"}, "bumail_queue.E030"),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -59,6 +60,7 @@ def test_load_of_an_empty_dict_gives_every_default(monkeypatch):
     assert loaded.allowed_private_networks == ()
     assert (loaded.mx_address_limit, loaded.mx_session_limit) == (5, 2)
     assert loaded.unreachable_host_memory == timedelta(minutes=5)
+    assert (loaded.mta_sts, loaded.mta_sts_https_port, loaded.tls_ca_file) == (True, 443, None)
 
 
 def test_every_setting_has_a_field_of_the_loaded_settings():
@@ -242,7 +244,29 @@ PROBLEMS = [
     ({"UNREACHABLE_HOST_MEMORY": None}, "bumail_queue.E021", "got None"),
     ({"UNREACHABLE_HOST_MEMORY": False}, "bumail_queue.E021", "got False"),
     ({"UNREACHABLE_HOST_MEMORY": float("inf")}, "bumail_queue.E021", "got inf"),
+    ({"MTA_STS": "yes"}, "bumail_queue.E027", "BUMAIL_QUEUE['MTA_STS'] must be True or False; got 'yes'."),
+    ({"MTA_STS": None}, "bumail_queue.E027", "got None"),
+    ({"MTA_STS_HTTPS_PORT": 0}, "bumail_queue.E027", "['MTA_STS_HTTPS_PORT'] must be a port number from 1 to 65535"),
+    ({"MTA_STS_HTTPS_PORT": 65536}, "bumail_queue.E027", "got 65536"),
+    ({"MTA_STS_HTTPS_PORT": True}, "bumail_queue.E027", "got True"),
+    ({"MTA_STS_HTTPS_PORT": "443"}, "bumail_queue.E027", "got '443'"),
+    ({"TLS_CA_FILE": 42}, "bumail_queue.E027", "42 is not a path"),
+    ({"TLS_CA_FILE": ""}, "bumail_queue.E027", "'' is not a path"),
+    ({"TLS_CA_FILE": "/no/such/ca.pem"}, "bumail_queue.E027", "'/no/such/ca.pem' is not a file"),
+    ({"TLS_CA_FILE": "/"}, "bumail_queue.E027", "the system's trust store) or the path of a file of PEM CA"),
     ({1: "one"}, "bumail_queue.E002", "unknown key 1"),
+    ({"SUPPRESSION": "yes"}, "bumail_queue.E030", "BUMAIL_QUEUE['SUPPRESSION'] must be True or False; got 'yes'."),
+    ({"SUPPRESSION": None}, "bumail_queue.E030", "got None"),
+    ({"SUPPRESSION_DSN": 1}, "bumail_queue.E030", "BUMAIL_QUEUE['SUPPRESSION_DSN'] must be True or False; got 1."),
+    (
+        {"SUPPRESSION_DURATION": 0},
+        "bumail_queue.E030",
+        "BUMAIL_QUEUE['SUPPRESSION_DURATION'] must be a timedelta or a number of seconds above 0",
+    ),
+    ({"SUPPRESSION_DURATION": None}, "bumail_queue.E030", "got None"),
+    ({"SUPPRESSION_DURATION": "30d"}, "bumail_queue.E030", "got '30d'"),
+    ({"SUPPRESSION_EXPIRY_WINDOW": timedelta(days=-1)}, "bumail_queue.E030", "['SUPPRESSION_EXPIRY_WINDOW']"),
+    ({"SUPPRESSION_EXPIRY_WINDOW": False}, "bumail_queue.E030", "got False"),
 ]
 
 
@@ -486,3 +510,43 @@ def test_dkim_signers_are_loaded_with_their_domain_as_a_labels_and_their_key_nev
     assert loaded.dkim_unsigned_on_error is True
     assert "secret" not in repr(loaded)
     assert load({}).dkim == ()
+
+
+# -- MTA-STS ------------------------------------------------------------------------------
+
+
+def test_a_tls_ca_file_of_pem_certificates_is_taken_as_a_path_or_a_string(test_pki):
+    assert load({"TLS_CA_FILE": test_pki.ca_file}).tls_ca_file == test_pki.ca_file
+    assert load({"TLS_CA_FILE": Path(test_pki.ca_file)}).tls_ca_file == test_pki.ca_file
+
+
+def test_a_tls_ca_file_without_certificates_is_e027(tmp_path):
+    path = tmp_path / "not-a-ca.pem"
+    path.write_text("this is no certificate\n")
+    [problem] = validate({"TLS_CA_FILE": str(path)})
+    assert problem.id == "bumail_queue.E027"
+    assert "holds no certificate Python's ssl module can load" in problem.message
+
+
+def test_mta_sts_can_be_turned_off_and_its_port_moved():
+    loaded = load({"MTA_STS": False, "MTA_STS_HTTPS_PORT": 8443})
+    assert (loaded.mta_sts, loaded.mta_sts_https_port) == (False, 8443)
+
+
+def test_the_suppression_list_is_on_for_30_days_with_dsns_by_default():
+    loaded = load({})
+
+    assert loaded.suppression is True
+    assert loaded.suppression_duration == timedelta(days=30)
+    assert loaded.suppression_expiry_window == timedelta(days=30)
+    assert loaded.suppression_dsn is True
+
+
+def test_suppression_durations_take_seconds_and_the_window_takes_none():
+    loaded = load({"SUPPRESSION_DURATION": 3600, "SUPPRESSION_EXPIRY_WINDOW": None, "SUPPRESSION": False})
+
+    assert (loaded.suppression, loaded.suppression_duration, loaded.suppression_expiry_window) == (
+        False,
+        timedelta(hours=1),
+        None,
+    )

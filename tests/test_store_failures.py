@@ -29,6 +29,9 @@ STATUS_JSON = ("queue_status", "--json")
 PURGE = ("queue_purge", "--older-than", "30d")
 RETRY = ("queue_retry",)
 RETRY_DOMAIN = ("queue_retry", "--domain", "example.org")
+TLSRPT = ("queue_tlsrpt", "--date", "2026-01-01")
+SUPPRESSED = ("queue_suppression", "list")
+UNSUPPRESS = ("queue_suppression", "remove", "--domain", "example.org")
 
 
 def run(args, *, database_url, queue=None, redis_url=None):
@@ -58,13 +61,15 @@ def unmigrated_sqlite(tmp_path):
     return f"sqlite:///{tmp_path / 'never-migrated.sqlite3'}"
 
 
-@pytest.mark.parametrize("args", [WORKER, STATUS, STATUS_JSON, PURGE, RETRY, RETRY_DOMAIN], ids=" ".join)
+@pytest.mark.parametrize(
+    "args", [WORKER, STATUS, STATUS_JSON, PURGE, RETRY, RETRY_DOMAIN, TLSRPT, SUPPRESSED, UNSUPPRESS], ids=" ".join
+)
 def test_an_unmigrated_database_is_one_line_and_a_failure(tmp_path, args):
     done = run(args, database_url=unmigrated_sqlite(tmp_path))
     assert_one_line_error(done, "has manage.py migrate run?", "no such table")
 
 
-@pytest.mark.parametrize("args", [WORKER, STATUS, PURGE, RETRY], ids=" ".join)
+@pytest.mark.parametrize("args", [WORKER, STATUS, PURGE, RETRY, SUPPRESSED], ids=" ".join)
 def test_a_postgresql_nobody_listens_for_is_one_line_and_a_failure(args):
     done = run(args, database_url=f"postgres://postgres@127.0.0.1:{closed_port()}/postgres")
     assert_one_line_error(done, "could not be used", "Connection refused")
@@ -79,7 +84,9 @@ def test_a_postgresql_database_that_does_not_exist_is_one_line_and_a_failure(arg
     assert_one_line_error(done, "bumail_queue_no_such_database", "does not exist")
 
 
-@pytest.mark.parametrize("args", [WORKER, STATUS, STATUS_JSON, RETRY, RETRY_DOMAIN], ids=" ".join)
+@pytest.mark.parametrize(
+    "args", [WORKER, STATUS, STATUS_JSON, RETRY, RETRY_DOMAIN, TLSRPT, SUPPRESSED, UNSUPPRESS], ids=" ".join
+)
 def test_a_redis_that_is_down_is_one_line_and_a_failure(tmp_path, args):
     queue = {"STORE": "redis", "REDIS_CONNECTION": "queue"}
     done = run(
@@ -147,8 +154,10 @@ def test_a_burst_whose_claims_the_store_refuses_fails(tmp_path, redis_servers):
         (("queue_purge", "--batch-size", "100000000000000000000"), "argument --batch-size: '100000000000000000000' is more than 10000"),
         (("queue_status", "--top", "0"), "argument --top: '0' must be 1 or more"),
         (("queue_worker", "--concurrency", "-1"), "argument --concurrency: '-1' must be 1 or more"),
+        (("queue_tlsrpt", "--date", "2026-1-1"), "argument --date: '2026-1-1' is not a day written YYYY-MM-DD"),
+        (("queue_tlsrpt", "--date", "2026-02-30"), "argument --date: '2026-02-30' is not a day written YYYY-MM-DD"),
     ],
-    ids=["older-than", "batch-size", "top", "concurrency"],
+    ids=["older-than", "batch-size", "top", "concurrency", "date", "no-such-day"],
 )  # fmt: skip
 def test_an_argument_out_of_range_is_one_line_and_a_failure(tmp_path, args, said):
     done = run(args, database_url=unmigrated_sqlite(tmp_path))

@@ -87,6 +87,8 @@ class ReportedRecipient:
     ``status`` is the enhanced status code to report when it is not the reply's own
     (``4.4.7`` for a recipient whose delivery time expired, its ``reply`` the last
     one it had); ``reason`` says why in words for a person, before the reply.
+    ``attempted`` is false for a recipient the queue gave up on without trying it (a
+    suppressed address): the report then says so, and has no ``Last-Attempt-Date``.
     """
 
     address: str
@@ -96,6 +98,7 @@ class ReportedRecipient:
     last_attempt_at: datetime
     status: str | None = None
     reason: str = ""
+    attempted: bool = True
 
 
 def build_dsn(
@@ -212,7 +215,10 @@ def _human_text(
 def _human_recipient(recipient: ReportedRecipient) -> str:
     reply = recipient.reply
     state = "failed" if recipient.action == "failed" else "delayed, still being retried"
-    if reply.code is None:
+    if not recipient.attempted:
+        said = _printable(reply.text) or "(no reason given)"
+        why = f"Not sent (status {_status(recipient)}): {said}"
+    elif reply.code is None:
         said = _printable(reply.text) or "(no reason given)"
         why = f"No server answered (status {_status(recipient)}): {said}"
     else:
@@ -221,7 +227,6 @@ def _human_recipient(recipient: ReportedRecipient) -> str:
         why = f"{who} replied: {_smtp_reply(reply, keep_unicode=True)}"
     if recipient.reason:
         why = f"{_printable(recipient.reason)}. {why}"
-    attempt = f"Last attempt: {email.utils.format_datetime(recipient.last_attempt_at)}"
     indent = " " * 4
     wrapped = textwrap.fill(
         why,
@@ -231,6 +236,9 @@ def _human_recipient(recipient: ReportedRecipient) -> str:
         break_long_words=False,
         break_on_hyphens=False,
     )
+    if not recipient.attempted:
+        return f"<{_printable(recipient.address)}>: {state}\n{wrapped}"
+    attempt = f"Last attempt: {email.utils.format_datetime(recipient.last_attempt_at)}"
     return f"<{_printable(recipient.address)}>: {state}\n{wrapped}\n{indent}{attempt}"
 
 
@@ -268,7 +276,8 @@ def _status_part(
             fields.append(("Remote-MTA", f"dns; {remote}"))
         if recipient.reply.code is not None:
             fields.append(("Diagnostic-Code", f"smtp; {_ascii(_smtp_reply(recipient.reply, keep_unicode=False))}"))
-        fields.append(("Last-Attempt-Date", email.utils.format_datetime(recipient.last_attempt_at)))
+        if recipient.attempted:
+            fields.append(("Last-Attempt-Date", email.utils.format_datetime(recipient.last_attempt_at)))
         if recipient.action == "delayed" and will_retry_until is not None:
             fields.append(("Will-Retry-Until", email.utils.format_datetime(will_retry_until)))
         blocks.append(_block(policy, fields))

@@ -14,6 +14,7 @@ from typing import Protocol
 from bumail_queue.conf import Route
 from bumail_queue.errors import QueueConfigurationError
 from bumail_queue.items import Outcome, RecipientStatus, Reply
+from bumail_queue.sts import TLSResult
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,6 +49,20 @@ class Host:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class TLSSession:
+    """How the TLS of one session opened under an MTA-STS policy ended (RFC 8460).
+
+    ``failure`` is ``None`` when STARTTLS gave a certificate valid for ``host``;
+    otherwise the result type, and ``reason`` says what was wrong.
+    """
+
+    host: str
+    address: str | None
+    failure: TLSResult | None = None
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Delivery:
     """What delivering one envelope decided: an outcome for every one of its recipients.
 
@@ -56,12 +71,15 @@ class Delivery:
     session ran over TLS (STARTTLS or implicit), for the delivery log.
     ``option_error`` is set when the route's options were refused and its recipients
     deferred ``4.3.5``: the configuration is to fix, and the caller reports it.
+    ``tls_sessions`` says how the TLS of each session opened under the route's
+    MTA-STS policy ended, for the TLS reports (none without a policy).
     """
 
     outcomes: Mapping[str, Outcome]
     remote_host: str | None = None
     tls: bool = False
     option_error: QueueConfigurationError | None = None
+    tls_sessions: tuple[TLSSession, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,9 +117,14 @@ class Resolver(Protocol):
 
 
 class Transport(Protocol):
-    """Delivers one envelope to the first host of ``hosts`` that takes it."""
+    """Delivers one envelope to the first host of ``hosts`` that takes it.
 
-    def deliver(self, envelope: Envelope, *, route: Route, hosts: Sequence[Host]) -> Delivery: ...
+    ``reuse=False`` ends the session with its transaction instead of keeping the
+    connection for the next: the worker asks it for a destination whose sessions
+    ``SHAPING`` counts, so that no idle connection outlives its slot.
+    """
+
+    def deliver(self, envelope: Envelope, *, route: Route, hosts: Sequence[Host], reuse: bool = True) -> Delivery: ...
 
     def close_idle(self) -> None: ...
 
@@ -119,5 +142,11 @@ class FollowingTransport(Transport, Protocol):
     the calling thread delivers, with the same route and hosts."""
 
     def deliver(
-        self, envelope: Envelope, *, route: Route, hosts: Sequence[Host], follow: Follow | None = None
+        self,
+        envelope: Envelope,
+        *,
+        route: Route,
+        hosts: Sequence[Host],
+        reuse: bool = True,
+        follow: Follow | None = None,
     ) -> Delivery: ...

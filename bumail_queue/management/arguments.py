@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import re
-from datetime import timedelta
+from datetime import date, timedelta
 
+_DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _DURATION = re.compile(r"([0-9]+)([smhdw])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 #: Longer spans reach back before year 1 from today: no date can be that old.
@@ -21,6 +23,25 @@ def positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"{value!r} must be 1 or more")
     return number
+
+
+def port(value: str) -> int:
+    """A TCP port to listen on, 0 (any free one) to 65535."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} must be a port number from 0 (any free port) to 65535")
+    return number
+
+
+def listen_address(value: str) -> str:
+    """An IP address to listen on: ``127.0.0.1``, ``::1``, ``0.0.0.0``, ``::``."""
+    try:
+        return str(ipaddress.ip_address(value.strip("[]")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an IP address such as 127.0.0.1 or ::1") from None
 
 
 def duration(value: str) -> timedelta:
@@ -56,3 +77,13 @@ def describe_duration(span: timedelta, *, depth: int = 2) -> str:
         if len(parts) == depth:
             break
     return ", ".join(parts) or "0 seconds"
+
+
+def iso_date(value: str) -> date:
+    """A day written ``YYYY-MM-DD``."""
+    try:
+        if not _DAY.fullmatch(value):
+            raise ValueError(value)
+        return date.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a day written YYYY-MM-DD") from None

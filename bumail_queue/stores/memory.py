@@ -6,13 +6,18 @@ import builtins
 import dataclasses
 import itertools
 import threading
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Iterable, Sequence
+from datetime import date, datetime
+from typing import Any
 
+from bumail_queue.addresses import normal_address
 from bumail_queue.conf import QueueSettings
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, QueueItem
-from bumail_queue.queries import SEARCH_HEAD_BYTES, ItemQuery, headers_contain
+from bumail_queue.queries import SEARCH_HEAD_BYTES, ItemQuery, QueueGauges, gauges_of, headers_contain
+from bumail_queue.shaping import Bucket, DestinationState, Permit, PermitRequest, WindowChange, seconds
+from bumail_queue.sts import STSPolicy, TLSSessionCount
+from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate, address_holds, search_form
 
 from .base import MESSAGE_HEAD_BYTES, QueueStore
 
@@ -28,13 +33,21 @@ class MemoryStore(QueueStore):
     """Keeps the queue in a dict behind one lock; ``QueueItem`` is frozen, so nothing leaks."""
 
     durable = False
+    claims_by_id = True
+    supports_shaping = True
 
     def __init__(self, settings: QueueSettings) -> None:
         super().__init__(settings)
         self._lock = threading.Lock()
+        self._buckets: dict[str, Bucket] = {}
         self._entries: dict[str, _Entry] = {}
         self._id_by_key: dict[str, str] = {}
         self._seq = itertools.count(1)
+        self._sts_policies: dict[str, STSPolicy] = {}
+        self._tls_counts: dict[tuple[Any, ...], TLSSessionCount] = {}
+        # The suppression list by normal address, and the notes of a first expiry (until when).
+        self._suppressed: dict[str, Suppression] = {}
+        self._expiry_notes: dict[str, datetime] = {}
 
     @staticmethod
     def _copy(item: QueueItem) -> QueueItem:
@@ -86,6 +99,11 @@ class MemoryStore(QueueStore):
         with self._lock:
             return len(self._entries)
 
+    def gauges(self, *, now: datetime) -> QueueGauges:
+        """Every item counted, under the lock: one pass, no copy, no sort."""
+        with self._lock:
+            return gauges_of((e.item for e in self._entries.values()), now=now)
+
     def search(self, query: ItemQuery, *, offset: int = 0, limit: int = 100) -> builtins.list[QueueItem]:
         """Match as ``ItemQuery`` says, and ``text`` in the message's header block too."""
         with self._lock:
@@ -134,6 +152,22 @@ class MemoryStore(QueueStore):
                     entry.item, lease_owner=owner, lease_expires_at=lease_until, next_attempt_at=lease_until
                 )
                 claimed.append(self._copy(entry.item))
+            return claimed
+
+    def claim_items(
+        self, item_ids: Sequence[str], *, owner: str, now: datetime, lease_until: datetime
+    ) -> builtins.list[QueueItem]:
+        self.validate_owner(owner)
+        with self._lock:
+            named = [entry for item_id in set(item_ids) if (entry := self._entries.get(item_id)) is not None]
+            claimed: builtins.list[QueueItem] = []
+            for entry in sorted(named, key=lambda e: e.seq):
+                item = entry.item
+                if item.next_attempt_at <= now and not item.is_leased_at(now):
+                    entry.item = dataclasses.replace(
+                        item, lease_owner=owner, lease_expires_at=lease_until, next_attempt_at=lease_until
+                    )
+                    claimed.append(self._copy(entry.item))
             return claimed
 
     def _held(self, item_id: str, owner: str) -> _Entry | None:
@@ -192,3 +226,132 @@ class MemoryStore(QueueStore):
         with self._lock:
             entry = self._drop(item_id) if self.is_known_id(item_id) else None
             return None if entry is None else self._copy(entry.item)
+
+    def get_sts_policy(self, domain: str) -> STSPolicy | None:
+        with self._lock:
+            return self._sts_policies.get(domain)
+
+    def put_sts_policy(self, policy: STSPolicy) -> None:
+        self.validate_sts_policy(policy)
+        with self._lock:
+            self._sts_policies[policy.domain] = policy
+
+    def count_tls_sessions(self, counts: Sequence[TLSSessionCount]) -> None:
+        self.validate_tls_counts(counts)
+        with self._lock:
+            for count in counts:
+                known = self._tls_counts.get(count.kind)
+                self._tls_counts[count.kind] = (
+                    count if known is None else dataclasses.replace(known, count=known.count + count.count)
+                )
+
+    def tls_session_counts(self, day: date) -> builtins.list[TLSSessionCount]:
+        with self._lock:
+            return [count for count in self._tls_counts.values() if count.day == day]
+
+    def purge_tls_session_counts(self, *, before: date) -> int:
+        with self._lock:
+            old = [kind for kind, count in self._tls_counts.items() if count.day < before]
+            for kind in old:
+                del self._tls_counts[kind]
+            return len(old)
+
+    # -- the suppression list ---------------------------------------------------------
+
+    def suppressions_of(self, addresses: Iterable[str], *, now: datetime) -> dict[str, Suppression]:
+        with self._lock:
+            found = {}
+            for address in addresses:
+                entry = self._suppressed.get(normal_address(address))
+                if entry is not None and entry.is_in_force(now):
+                    found[address] = entry
+            return found
+
+    def update_suppressions(self, change: SuppressionChange, *, now: datetime) -> SuppressionUpdate:
+        self.validate_suppressions(change)
+        with self._lock:
+            written = list(change.add)
+            for entry in change.expired:
+                current = self._suppressed.get(entry.address)
+                if current is not None and current.is_in_force(now):
+                    continue  # suppressed already: the expiry changes nothing
+                noted = self._expiry_notes.pop(entry.address, None)
+                if noted is not None and noted > now:
+                    written.append(entry)
+                elif change.note_until is not None:
+                    self._expiry_notes[entry.address] = change.note_until
+            for entry in written:
+                self._suppressed[entry.address] = entry
+                self._expiry_notes.pop(entry.address, None)
+            removed = []
+            for address in change.clear:
+                self._expiry_notes.pop(address, None)
+                dropped = self._suppressed.pop(address, None)
+                if dropped is not None and dropped.is_in_force(now):
+                    removed.append(address)
+            return SuppressionUpdate(suppressed=tuple(written), removed=tuple(removed))
+
+    def search_suppressions(
+        self, *, now: datetime, text: str | None = None, offset: int = 0, limit: int = 100
+    ) -> builtins.list[Suppression]:
+        wanted = None if text is None else search_form(text)
+        with self._lock:
+            matched = [
+                entry
+                for entry in self._suppressed.values()
+                if entry.is_in_force(now) and (wanted is None or address_holds(entry.address, wanted))
+            ]
+        matched.sort(key=lambda entry: (entry.created_at, entry.address), reverse=True)
+        return matched[offset : offset + limit]
+
+    def count_suppressions(self, *, now: datetime) -> int:
+        with self._lock:
+            return sum(1 for entry in self._suppressed.values() if entry.is_in_force(now))
+
+    def purge_suppressions(self, *, now: datetime) -> int:
+        with self._lock:
+            gone = [address for address, entry in self._suppressed.items() if not entry.is_in_force(now)]
+            for address in gone:
+                del self._suppressed[address]
+            for address in [a for a, until in self._expiry_notes.items() if until <= now]:
+                del self._expiry_notes[address]
+            return len(gone)
+
+    # -- shaping: the buckets' arithmetic as ``shaping.Bucket`` does it, under the lock --
+
+    def take_permit(self, request: PermitRequest) -> Permit:
+        with self._lock:
+            return self._buckets.setdefault(request.key, Bucket()).take(request)
+
+    def release_permit(
+        self,
+        key: str,
+        *,
+        slot: str | None,
+        now: datetime,
+        change: WindowChange = WindowChange.KEEP,
+        concurrency: int | None = None,
+        suspend_until: datetime | None = None,
+    ) -> None:
+        with self._lock:
+            bucket = self._buckets.setdefault(key, Bucket())
+            bucket.release(slot=slot, now=now, change=change, concurrency=concurrency, suspend_until=suspend_until)
+
+    def renew_permit(self, key: str, *, slot: str, now: datetime, until: datetime) -> bool:
+        with self._lock:
+            bucket = self._buckets.get(key)
+            if bucket is None or bucket.slots.get(slot, 0.0) <= seconds(now):
+                return False
+            bucket.slots[slot] = seconds(until)
+            return True
+
+    def destination_states(self, *, now: datetime) -> builtins.list[DestinationState]:
+        with self._lock:
+            return [self._buckets[key].state(key, now) for key in sorted(self._buckets)]
+
+    def forget_idle_destinations(self, *, before: datetime, now: datetime) -> int:
+        with self._lock:
+            idle = [key for key, b in self._buckets.items() if b.is_idle(seconds(before), seconds(now))]
+            for key in idle:
+                del self._buckets[key]
+            return len(idle)

@@ -19,12 +19,13 @@ values, the statement cache, the error translation); the operators' reads are in
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import functools
 import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
-from datetime import datetime, timedelta
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from datetime import date, datetime, timedelta
 from typing import Any
 
 from django.core import checks
@@ -35,10 +36,13 @@ from bumail_queue.conf import QueueSettings
 from bumail_queue.errors import ErrorCode, QueueError, first_line
 from bumail_queue.estimates import planner_estimate
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
-from bumail_queue.models import Item, Message, item_from_row
-from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueSummary, RetryResult
+from bumail_queue.models import Item, Message, MTASTSPolicy, TLSReportCount, item_from_row
+from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueGauges, QueueSummary, RetryResult
+from bumail_queue.shaping import DestinationState, Permit, PermitRequest, WindowChange
+from bumail_queue.sts import STSMode, STSPolicy, TLSResult, TLSSessionCount
+from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate
 
-from . import orm_queries
+from . import orm_queries, orm_suppressions
 from .base import COMPLETE_TRIES, MESSAGE_HEAD_BYTES, QueueStore, WorkListener
 from .orm_database import (
     INSERT_COLUMNS,
@@ -51,6 +55,7 @@ from .orm_database import (
     id_text,
     prep_value,
 )
+from .orm_shaping import ORMShaping
 
 # Serialises adds that count against MAX_ITEMS across every process (pg_advisory_xact_lock).
 _MAX_ITEMS_LOCK = 0x62756D61696C  # "bumail"
@@ -60,6 +65,10 @@ _KEY_RACES = 3
 _CLAIM_RACES = 50
 # Ids per statement of a retry by id: well within SQLite's bound parameters.
 _IDS_PER_STATEMENT = 500
+# TLS report counts per upsert: nine parameters each, well within SQLite's bound parameters.
+_COUNTS_PER_STATEMENT = 100
+_TLS_COUNT_COLUMNS = ("day", "domain", "policy_id", "policy", "result", "mx_host", "address", "reason", "count")
+_TLS_KIND_COLUMNS = ("day", "domain", "policy_id", "result", "mx_host", "address")
 
 
 def _built_once(method: Callable[..., str]) -> Callable[..., str]:
@@ -81,6 +90,8 @@ class ORMStore(QueueStore):
 
     supports_transactional_enqueue = True
     counts_are_estimates = True
+    claims_by_id = True
+    supports_shaping = True
 
     def __init__(self, settings: QueueSettings) -> None:
         super().__init__(settings)
@@ -88,6 +99,7 @@ class ORMStore(QueueStore):
         self.items_table = Item._meta.db_table
         self.messages_table = Message._meta.db_table
         self._statements: dict[tuple[str, tuple[Any, ...]], str] = {}
+        self._shaping = ORMShaping(self)
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -175,6 +187,11 @@ class ORMStore(QueueStore):
                     if connection.vendor == "postgresql":
                         cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE")
                     yield cursor
+
+    def writing(self, *, single_statement: bool = False) -> AbstractContextManager[Any]:
+        """Yield a cursor for a write: one transaction at READ COMMITTED, or for a single
+        statement none of its own where the connection's default allows (``_writing``)."""
+        return self._writing(single_statement=single_statement)
 
     # -- adding -----------------------------------------------------------------------
 
@@ -449,6 +466,34 @@ class ORMStore(QueueStore):
             if rows:
                 return rows
         return []
+
+    def claim_items(
+        self, item_ids: Sequence[str], *, owner: str, now: datetime, lease_until: datetime
+    ) -> builtins.list[QueueItem]:
+        """One ``UPDATE`` per 500 ids, on the unique index of ``id``: it leases the rows
+        still due and free when it reaches them (PostgreSQL re-reads a row another
+        claimer changed meanwhile; SQLite runs it under its write lock)."""
+        self.validate_owner(owner)
+        prepared = (self._prep_id(item_id) for item_id in item_ids)
+        keys = builtins.list({id_text(key): key for key in prepared if key is not None}.values())
+        until, at = self.prep_time(lease_until), self.prep_time(now)
+        rows: builtins.list[Any] = []
+        for start in range(0, len(keys), _IDS_PER_STATEMENT):
+            chunk = keys[start : start + _IDS_PER_STATEMENT]
+            with self._writing(single_statement=True) as cursor:
+                cursor.execute(self._claim_items_sql(len(chunk)), [owner, until, until, *chunk, at, at])
+                rows.extend(cursor.fetchall())
+        rows.sort(key=lambda row: row[0])
+        return [self._row_to_item(row[1:]) for row in rows]
+
+    @_built_once
+    def _claim_items_sql(self, ids: int) -> str:
+        q = self.quote
+        return (
+            f"{self._lease_sql()} WHERE {q('id')} IN ({', '.join(['%s'] * ids)}) "
+            f"AND {q('next_attempt_at')} <= %s AND ({q('lease_owner')} IS NULL OR {q('lease_expires_at')} <= %s) "
+            f"RETURNING {q('seq')}, {self._select_list()}"
+        )
 
     def renew(self, item_id: str, *, owner: str, lease_until: datetime) -> bool:
         self.validate_owner(owner)
@@ -816,6 +861,136 @@ class ORMStore(QueueStore):
             row = cursor.fetchone()
         return None if row is None else self._row_to_item(row)
 
+    # -- MTA-STS policies and TLS report counts ----------------------------------------
+
+    def get_sts_policy(self, domain: str) -> STSPolicy | None:
+        with self.translated_errors():
+            row = MTASTSPolicy.objects.using(self.alias).filter(domain=domain).first()
+        if row is None:
+            return None
+        return STSPolicy(
+            domain=row.domain,
+            id=row.policy_id,
+            mode=STSMode(row.mode),
+            mx=tuple(row.mx),
+            max_age=row.max_age,
+            fetched_at=row.fetched_at,
+        )
+
+    def put_sts_policy(self, policy: STSPolicy) -> None:
+        """One upsert on the domain's primary key."""
+        self.validate_sts_policy(policy)
+        row = MTASTSPolicy(
+            domain=policy.domain,
+            policy_id=policy.id,
+            mode=policy.mode.value,
+            mx=list(policy.mx),
+            max_age=policy.max_age,
+            fetched_at=policy.fetched_at,
+        )
+        with self.translated_errors():
+            MTASTSPolicy.objects.using(self.alias).bulk_create(
+                [row],
+                update_conflicts=True,
+                unique_fields=["domain"],
+                update_fields=["policy_id", "mode", "mx", "max_age", "fetched_at"],
+            )
+
+    def count_tls_sessions(self, counts: Sequence[TLSSessionCount]) -> None:
+        """An ``INSERT ... ON CONFLICT DO UPDATE`` adding to each kind's row, per 100
+        kinds, in one transaction."""
+        self.validate_tls_counts(counts)
+        merged: dict[tuple[Any, ...], TLSSessionCount] = {}
+        for count in counts:  # one row per kind and statement, as ON CONFLICT requires
+            known = merged.get(count.kind)
+            merged[count.kind] = count if known is None else dataclasses.replace(known, count=known.count + count.count)
+        rows = list(merged.values())
+        if not rows:
+            return
+        with self._writing() as cursor:
+            for start in range(0, len(rows), _COUNTS_PER_STATEMENT):
+                chunk = rows[start : start + _COUNTS_PER_STATEMENT]
+                params: builtins.list[Any] = []
+                for row in chunk:
+                    params += self._tls_count_values(row)
+                cursor.execute(self._count_tls_sql(len(chunk)), params)
+
+    def _tls_count_values(self, count: TLSSessionCount) -> builtins.list[Any]:
+        connection = self.connection
+        policy_field = TLSReportCount._meta.get_field("policy")
+        return [
+            connection.ops.adapt_datefield_value(count.day),
+            count.domain,
+            count.policy_id,
+            policy_field.get_db_prep_save(list(count.policy), connection),
+            count.result or "",
+            count.mx_host,
+            count.address,
+            count.reason,
+            count.count,
+        ]
+
+    @_built_once
+    def _count_tls_sql(self, rows: int) -> str:
+        q, table = self.quote, self.quote(TLSReportCount._meta.db_table)
+        row = "(" + ", ".join(["%s"] * len(_TLS_COUNT_COLUMNS)) + ")"
+        return (
+            f"INSERT INTO {table} ({', '.join(map(q, _TLS_COUNT_COLUMNS))}) VALUES {', '.join([row] * rows)} "
+            f"ON CONFLICT ({', '.join(map(q, _TLS_KIND_COLUMNS))}) "
+            f"DO UPDATE SET {q('count')} = {table}.{q('count')} + excluded.{q('count')}"
+        )
+
+    def tls_session_counts(self, day: date) -> builtins.list[TLSSessionCount]:
+        with self.translated_errors():
+            rows = list(TLSReportCount.objects.using(self.alias).filter(day=day).values(*_TLS_COUNT_COLUMNS))
+        return [
+            TLSSessionCount(
+                day=row["day"],
+                domain=row["domain"],
+                policy_id=row["policy_id"],
+                policy=tuple(row["policy"]),
+                result=TLSResult(row["result"]) if row["result"] else None,
+                mx_host=row["mx_host"],
+                address=row["address"],
+                reason=row["reason"],
+                count=row["count"],
+            )
+            for row in rows
+        ]
+
+    def purge_tls_session_counts(self, *, before: date) -> int:
+        with self.translated_errors():
+            deleted, _ = TLSReportCount.objects.using(self.alias).filter(day__lt=before).delete()
+        return deleted
+
+    # -- shaping: one row per destination, each step one statement (orm_shaping.py) -----
+
+    def take_permit(self, request: PermitRequest) -> Permit:
+        return self._shaping.take(request)
+
+    def release_permit(
+        self,
+        key: str,
+        *,
+        slot: str | None,
+        now: datetime,
+        change: WindowChange = WindowChange.KEEP,
+        concurrency: int | None = None,
+        suspend_until: datetime | None = None,
+    ) -> None:
+        self._shaping.release(
+            key, slot=slot, now=now, change=change, concurrency=concurrency, suspend_until=suspend_until
+        )
+
+    def renew_permit(self, key: str, *, slot: str, now: datetime, until: datetime) -> bool:
+        return self._shaping.renew(key, slot=slot, now=now, until=until)
+
+    def destination_states(self, *, now: datetime) -> builtins.list[DestinationState]:
+        return self._shaping.states(now=now)
+
+    def forget_idle_destinations(self, *, before: datetime, now: datetime) -> int:
+        return self._shaping.forget_idle(before=before, now=now)
+
     # -- checks, and reading for operators (the admin, queue_status): orm_queries.py ----
 
     def check(self, **kwargs: Any) -> builtins.list[checks.CheckMessage]:
@@ -831,11 +1006,37 @@ class ORMStore(QueueStore):
     def summary(self, *, now: datetime, age_buckets: Sequence[timedelta] = AGE_BUCKETS) -> QueueSummary:
         return orm_queries.summary(self, now=now, age_buckets=age_buckets)
 
+    def gauges(self, *, now: datetime) -> QueueGauges:
+        """One statement; on PostgreSQL beyond ``gauge_sample_rows`` items, over a sample."""
+        return orm_queries.gauges(self, now=now)
+
     def estimated_count(self) -> ItemCount:
         """On PostgreSQL, the planner's estimate once the table is large: no ``COUNT(*)``."""
         with self.translated_errors():
             estimate = planner_estimate(self.connection, self.items_table)
         return ItemCount(self.count(), exact=True) if estimate is None else ItemCount(estimate, exact=False)
+
+    # -- the suppression list: orm_suppressions.py -------------------------------------
+
+    def suppressions_of(self, addresses: Iterable[str], *, now: datetime) -> dict[str, Suppression]:
+        return orm_suppressions.suppressions_of(self, addresses, now=now)
+
+    def update_suppressions(self, change: SuppressionChange, *, now: datetime) -> SuppressionUpdate:
+        self.validate_suppressions(change)
+        if not change:
+            return SuppressionUpdate()
+        return orm_suppressions.update_suppressions(self, change, now=now)
+
+    def search_suppressions(
+        self, *, now: datetime, text: str | None = None, offset: int = 0, limit: int = 100
+    ) -> builtins.list[Suppression]:
+        return orm_suppressions.search_suppressions(self, now=now, text=text, offset=offset, limit=limit)
+
+    def count_suppressions(self, *, now: datetime) -> int:
+        return orm_suppressions.count_suppressions(self, now=now)
+
+    def purge_suppressions(self, *, now: datetime) -> int:
+        return orm_suppressions.purge_suppressions(self, now=now)
 
 
 def _ends_at_domain(domain: str) -> str:

@@ -17,15 +17,20 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Count, Min, Q
 from django.db.models.expressions import RawSQL
 
-from bumail_queue.items import QueueItem
+from bumail_queue.estimates import current_rows_estimate
+from bumail_queue.items import QueueItem, RecipientStatus
 from bumail_queue.models import Item
 from bumail_queue.queries import (
     SEARCH_HEAD_BYTES,
     ItemQuery,
     ItemState,
+    QueueGauges,
     QueueSummary,
+    scaled,
     shape_from_counts,
 )
+
+from .orm_database import aware
 
 
 class ORMTables(Protocol):
@@ -34,6 +39,7 @@ class ORMTables(Protocol):
     alias: str
     items_table: str
     messages_table: str
+    gauge_sample_rows: int
 
     @property
     def connection(self) -> BaseDatabaseWrapper: ...
@@ -171,3 +177,124 @@ def _shape_rows(store: ORMTables, now: datetime, bounds: tuple[timedelta, ...]) 
     with store.connection.cursor() as cursor:
         cursor.execute(sql, params)
         return [(domain, int(index), int(n)) for domain, index, n in cursor.fetchall()]
+
+
+#: How many of the oldest items (by ``seq``, the order they were added in) a sampled
+#: ``gauges`` reads for the oldest of each state: an index scan of the primary key.
+OLDEST_READ = 1000
+
+# The states of one row, as SQL over the columns of ``_gauged_rows`` (alias ``g``).
+_LEASED = "g.leased"
+_DEFERRED = "NOT g.leased AND g.attempts > 0"
+_QUEUED = "NOT g.leased AND g.attempts = 0"
+_DUE = "NOT g.leased AND g.next_attempt_at <= %s"
+
+
+def gauges(store: ORMTables, *, now: datetime) -> QueueGauges:
+    """Return the gauges in one statement: exact over the whole table, or on PostgreSQL
+    beyond ``gauge_sample_rows`` items estimated from a sample of about as many rows.
+
+    The sample is ``TABLESAMPLE SYSTEM``: whole pages, each kept with the same chance.
+    Its shares (of each state, of recipients per item) are applied to the planner's
+    estimate of the table's rows, which autovacuum keeps current on a busy queue
+    table: the counts then vary far less between scrapes than the sample's size does.
+    The oldest of each state is the oldest among the sample and the ``OLDEST_READ``
+    oldest items, and the first due item is found on the due index: the oldest item
+    and the item due the longest stay exact.
+    """
+    with store.translated_errors():
+        estimate = current_rows_estimate(store.connection, store.items_table)
+        sampled = estimate is not None and estimate > store.gauge_sample_rows
+        percent = 100.0 * store.gauge_sample_rows / estimate if sampled and estimate else None
+        at = store.prep_time(now)
+        sql = _gauges_sql(store, percent)
+        with store.connection.cursor() as cursor:
+            cursor.execute(sql, [at] * sql.count("%s"))  # every parameter is ``now``
+            row = cursor.fetchone()
+    return _gauges_from_row(row, now=now, estimate=estimate if sampled else None)
+
+
+def _gauged_rows(store: ORMTables, sample: str) -> str:
+    """The items (or a sample of them) with what ``gauges`` counts of each: whether a
+    lease holds it at the first ``%s``, and its pending and deferred recipients."""
+    q, items = store.quote, store.quote(store.items_table)
+    columns = f"i.{q('created_at')}, i.{q('next_attempt_at')}, i.{q('attempts')}"
+    leased = f"(i.{q('lease_owner')} IS NOT NULL AND i.{q('lease_expires_at')} > %s)"
+    if store.connection.vendor == "postgresql":
+        return (
+            f"SELECT {columns}, {leased} AS leased, r.pending, r.deferred FROM {items} AS i {sample} "
+            "CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE e.value->>'status' = 'pending') AS pending, "
+            "count(*) FILTER (WHERE e.value->>'status' = 'deferred') AS deferred "
+            f"FROM jsonb_array_elements(i.{q('recipients')}) AS e(value)) AS r"
+        )
+    recipients = f"SELECT count(*) FROM json_each(i.{q('recipients')}) WHERE json_extract(value, '$.status') = "
+    return (
+        f"SELECT {columns}, {leased} AS leased, ({recipients}'pending') AS pending, "
+        f"({recipients}'deferred') AS deferred FROM {items} AS i"
+    )
+
+
+def _gauges_sql(store: ORMTables, percent: float | None) -> str:
+    """The one statement of ``gauges``; ``percent`` of the table's pages sampled, or all."""
+    sample = "" if percent is None else f"TABLESAMPLE SYSTEM ({percent:.6f})"
+    counted = (
+        f"SELECT count(*) FILTER (WHERE {_QUEUED}) AS queued, count(*) FILTER (WHERE {_DEFERRED}) AS deferred, "
+        f"count(*) FILTER (WHERE {_LEASED}) AS delivering, "
+        f"min(g.created_at) FILTER (WHERE {_QUEUED}) AS oldest_queued, "
+        f"min(g.created_at) FILTER (WHERE {_DEFERRED}) AS oldest_deferred, "
+        f"min(g.created_at) FILTER (WHERE {_LEASED}) AS oldest_delivering, "
+        f"count(*) FILTER (WHERE {_DUE}) AS due, min(g.next_attempt_at) FILTER (WHERE {_DUE}) AS first_due, "
+        "coalesce(sum(g.pending), 0) AS pending, coalesce(sum(g.deferred), 0) AS deferred_recipients "
+        f"FROM ({_gauged_rows(store, sample)}) AS g"
+    )
+    if percent is None:
+        return counted
+    q, items = store.quote, store.quote(store.items_table)
+    leased = f"({q('lease_owner')} IS NOT NULL AND {q('lease_expires_at')} > %s)"
+    # The oldest items by seq, through the primary key; the first due, through the due index.
+    oldest = (
+        f"SELECT min(g.created_at) FILTER (WHERE {_QUEUED}) AS queued, "
+        f"min(g.created_at) FILTER (WHERE {_DEFERRED}) AS deferred, "
+        f"min(g.created_at) FILTER (WHERE {_LEASED}) AS delivering FROM ("
+        f"SELECT {q('created_at')} AS created_at, {q('attempts')} AS attempts, {leased} AS leased "
+        f"FROM {items} ORDER BY {q('seq')} LIMIT {OLDEST_READ}) AS g"
+    )
+    first_due = (
+        f"SELECT {q('next_attempt_at')} FROM {items} WHERE {q('next_attempt_at')} <= %s AND NOT {leased} "
+        f"ORDER BY {q('next_attempt_at')}, {q('seq')} LIMIT 1"
+    )
+    return (
+        f"SELECT c.*, o.queued, o.deferred, o.delivering, ({first_due}) AS exact_first_due "
+        f"FROM ({counted}) AS c CROSS JOIN ({oldest}) AS o"
+    )
+
+
+def _gauges_from_row(row: Sequence[Any], *, now: datetime, estimate: int | None) -> QueueGauges:
+    """Read the statement's row; with the table's ``estimate``, the counts are a sample's."""
+    queued, deferred, delivering, *oldest, due, first_due, pending, deferred_recipients = row[:10]
+    oldest_times = [aware(value) for value in oldest]
+    first_due_at = aware(first_due)
+    scale: float | None = None
+    if estimate is not None:  # sampled: the oldest items' and the due index's exact answers
+        exact_oldest = [aware(value) for value in row[10:13]]
+        oldest_times = [_earliest(a, b) for a, b in zip(oldest_times, exact_oldest, strict=True)]
+        first_due_at = aware(row[13])
+        sampled_rows = queued + deferred + delivering
+        scale = estimate / sampled_rows if sampled_rows else 0.0
+    states = (ItemState.QUEUED, ItemState.DEFERRED, ItemState.DELIVERING)
+    return QueueGauges(
+        now=now,
+        items={state: scaled(int(n), scale) for state, n in zip(states, (queued, deferred, delivering), strict=True)},
+        recipients={
+            RecipientStatus.PENDING: scaled(int(pending), scale),
+            RecipientStatus.DEFERRED: scaled(int(deferred_recipients), scale),
+        },
+        oldest=dict(zip(states, oldest_times, strict=True)),
+        due=scaled(int(due), scale),
+        first_due_at=first_due_at,
+        exact=estimate is None,
+    )
+
+
+def _earliest(one: datetime | None, other: datetime | None) -> datetime | None:
+    return other if one is None else one if other is None else min(one, other)

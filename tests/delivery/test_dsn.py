@@ -207,6 +207,32 @@ class TestFailed:
             in " ".join(text_of(report).split())
         )
 
+    def test_a_recipient_given_up_without_an_attempt_is_said_not_sent(self):
+        # A suppressed address: no server was asked, so no Remote-MTA, Diagnostic-Code or
+        # Last-Attempt-Date; the status is ours and the text says why.
+        suppressed = ReportedRecipient(
+            address="bob@example.org",
+            action="failed",
+            reply=Reply(
+                code=None,
+                status="5.7.1",
+                text="Recipient address suppressed until 2024-04-04 06:07 UTC: an earlier delivery failed "
+                "with 550 5.1.1 User unknown",
+            ),
+            remote_mta=None,
+            last_attempt_at=ATTEMPT,
+            attempted=False,
+        )
+        report = parse(build([suppressed]))
+        bob = status_blocks(report)[1]
+        assert bob == {"Final-Recipient": "rfc822; bob@example.org", "Action": "failed", "Status": "5.7.1"}
+        text = " ".join(text_of(report).split())
+        assert (
+            "<bob@example.org>: failed Not sent (status 5.7.1): Recipient address suppressed until "
+            "2024-04-04 06:07 UTC: an earlier delivery failed with 550 5.1.1 User unknown" in text
+        )
+        assert "Last attempt" not in text
+
 
 class TestDelayed:
     def test_delayed_report(self):

@@ -13,19 +13,25 @@ Fixtures (import them into a test module, or name this module in ``pytest_plugin
     ``mx.test``, ``server_context`` to give a server (``tls=``) and
     ``client_context``, which trusts the CA, to give a client.
 
-:class:`SMTPTestServer` listens on ``host`` (127.0.0.1), ``port`` (an ephemeral one
+:class:`SMTPTestServer` listens on ``host`` (127.0.0.1, or another loopback address
+given, so that several MX hosts share ``MX_PORT``), ``port`` (an ephemeral one
 unless given: ``smtp_servers(port=closed_port())`` brings up a host that refused a
 client a moment ago) and records:
 
 - ``messages``: a :class:`ReceivedMessage` for each message the server accepted
   (``mail_from``, ``""`` for the null sender, ``mail_options`` such as ``["SIZE=123", "BODY=8BITMIME"]``,
   ``rcpt_tos``, ``data`` as received, dot-stuffing undone, ``connection``, and
-  ``read``, the read of the connection that brought its final dot);
+  ``read``, the read of the connection that brought its final dot, and ``received_at``,
+  the ``time.monotonic()`` of that dot);
 - ``connections``: how many TCP connections it accepted;
-- ``commands``: a :class:`Command` (``connection``, ``verb``, ``arg``, ``read``) per
-  command received; an AUTH command's ``arg`` is only its mechanism. ``read`` numbers
-  the reads of its connection (from 1): commands that came in one write of a client
-  that waits for its replies between writes share one;
+- ``sessions_open`` and ``most_sessions``: how many sessions are open now, and the
+  most that were open at once. A session is open from its connection until its QUIT
+  (before the 221 goes out, so a client that waits for the 221 before starting
+  another never seems to overlap it) or the connection's end;
+- ``commands``: a :class:`Command` (``connection``, ``verb``, ``arg``, ``read``, ``at``:
+  its ``time.monotonic()``) per command received; an AUTH command's ``arg`` is only its
+  mechanism. ``read`` numbers the reads of its connection (from 1): commands that came
+  in one write of a client that waits for its replies between writes share one;
 - ``logins``: the usernames that logged in.
 
 ``open_connections()`` counts the connections open now; ``hang_up(reply=None)`` closes every open connection from the server's side, as an
@@ -95,6 +101,7 @@ import re
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -132,6 +139,7 @@ class ReceivedMessage:
     data: bytes
     connection: int
     read: int = 0
+    received_at: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +151,7 @@ class Command:
     verb: str
     arg: str
     read: int = 0
+    at: float = 0.0  # time.monotonic() when it arrived
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -175,13 +184,15 @@ class SMTPTestServer:
     dsn: bool = False
     port: int = 0  # 0: an ephemeral port, set once listening
 
-    host: str = dataclasses.field(default="127.0.0.1", init=False)
+    host: str = "127.0.0.1"  # another loopback address (127.0.0.2) shares MX_PORT with the first
     messages: list[ReceivedMessage] = dataclasses.field(default_factory=list, init=False)
     commands: list[Command] = dataclasses.field(default_factory=list, init=False)
     logins: list[str] = dataclasses.field(default_factory=list, init=False)
     connections: int = dataclasses.field(default=0, init=False)
     held: int = dataclasses.field(default=0, init=False)
     most_held: int = dataclasses.field(default=0, init=False)
+    sessions_open: int = dataclasses.field(default=0, init=False)
+    most_sessions: int = dataclasses.field(default=0, init=False)
 
     def __post_init__(self) -> None:
         for step in (self.drop_at, self.stall_at):
@@ -382,6 +393,7 @@ class _Handler:
                     data=bytes(envelope.original_content),
                     connection=server.number,
                     read=server.reads,
+                    received_at=time.monotonic(),
                 )
             )
         return reply
@@ -396,6 +408,7 @@ class _ScriptedSMTP(SMTP):
         self.reads = 0
         self._greeted = False
         self._greeting_refused = False
+        self._session_open = False
         super().__init__(
             _Handler(script),
             data_size_limit=script.size_limit,
@@ -411,11 +424,20 @@ class _ScriptedSMTP(SMTP):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.script._live.add(self)
+        self._session_open = True
+        self.script.sessions_open += 1
+        self.script.most_sessions = max(self.script.most_sessions, self.script.sessions_open)
         super().connection_made(transport)
 
     def connection_lost(self, error: Exception | None) -> None:
         self.script._live.discard(self)
+        self._end_session()
         super().connection_lost(error)
+
+    def _end_session(self) -> None:
+        if self._session_open:
+            self._session_open = False
+            self.script.sessions_open -= 1
 
     def data_received(self, data: bytes) -> None:
         self.reads += 1
@@ -457,7 +479,7 @@ class _ScriptedSMTP(SMTP):
     async def _command(self, verb: str, arg: Any) -> bool:
         """Record a command and play the script; return whether the command goes on."""
         shown = (arg or "").split(" ")[0] if verb == "AUTH" else (arg or "")
-        self.script.commands.append(Command(self.number, verb, shown, self.reads))
+        self.script.commands.append(Command(self.number, verb, shown, read=self.reads, at=time.monotonic()))
         if self._greeting_refused and verb != "QUIT":
             await self.push("503 5.5.1 Bad sequence of commands")
             return False
@@ -473,7 +495,7 @@ class _ScriptedSMTP(SMTP):
             await super().smtp_HELO(hostname)
 
     async def smtp_STARTTLS(self, arg: str) -> None:
-        self.script.commands.append(Command(self.number, "STARTTLS", arg or ""))
+        self.script.commands.append(Command(self.number, "STARTTLS", arg or "", read=self.reads, at=time.monotonic()))
         if self.script.starttls_reply is not None:
             await self.push(self.script.starttls_reply)
             return
@@ -513,6 +535,7 @@ class _ScriptedSMTP(SMTP):
 
     async def smtp_QUIT(self, arg: str) -> None:
         if await self._command("QUIT", arg):
+            self._end_session()
             await super().smtp_QUIT(arg)
 
     async def smtp_DATA(self, arg: str) -> None:

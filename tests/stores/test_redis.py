@@ -12,7 +12,7 @@ import re
 import threading
 import time
 from collections import Counter
-from datetime import timedelta
+from datetime import date, timedelta
 
 import pytest
 from django.core import checks
@@ -26,7 +26,7 @@ from bumail_queue.conf import get_settings
 from bumail_queue.errors import QueueConfigurationError, QueueError
 from bumail_queue.items import RecipientStatus
 from bumail_queue.stores.redis import RedisStore
-from bumail_queue.testing import LEASE, OK, T0, claim_one, result, tried_once
+from bumail_queue.testing import LEASE, OK, T0, claim_one, result, sts_policy, tls_count, tried_once
 from bumail_queue.testing import new_item as new
 from tests.conftest import REDIS_ALIAS
 from tests.helpers import use_queue_backend
@@ -608,6 +608,13 @@ def test_the_store_works_under_the_acl_user_the_docs_give(redis_servers, setting
             assert store.complete(second.id, owner="w2", result=result(T0 + LEASE, **later)).attempts == 1
             assert store.cancel(second.id).id == second.id
             assert store.count() == 0
+            policy = sts_policy("example.org", id="one")
+            store.put_sts_policy(policy)
+            assert store.get_sts_policy("example.org") == policy
+            counted = tls_count(date(2026, 1, 1), result=None)
+            store.count_tls_sessions([counted])
+            assert store.tls_session_counts(date(2026, 1, 1)) == [counted]
+            assert store.purge_tls_session_counts(before=date(2026, 1, 2)) == 1
         finally:
             listener.close()
         # A key outside the prefix is out of the user's reach.

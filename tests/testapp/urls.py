@@ -3,10 +3,13 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import path
 
+from bumail_queue.metrics.views import QueueMetricsView
+
 from . import views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("metrics/queue/", QueueMetricsView.as_view()),
     path("send-one/", views.send_one),
     path("send-many/", views.send_many),
     path("send-then-fail/", views.send_then_fail),

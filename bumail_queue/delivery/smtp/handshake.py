@@ -8,8 +8,10 @@ import ssl
 from collections.abc import Callable
 
 from bumail_queue.conf import Route
-from bumail_queue.delivery.envelope import Host
+from bumail_queue.delivery.envelope import Host, TLSSession
+from bumail_queue.delivery.tlsrpt import certificate_failure
 from bumail_queue.items import Reply
+from bumail_queue.sts import STSMode, TLSResult
 
 from .connection import _Connection, _Steps
 from .failures import _connect_failure, _DeadlineError, _lost, _refused, _RouteRefusedError, _StepError, _timed_out
@@ -30,13 +32,28 @@ class _Opener:
         self._steps = steps
         self._contexts = contexts
 
-    def open(self, host: Host, key: _Key, route: Route, item_id: str, deadline: float, *, starttls: bool) -> _Session:
+    def open(
+        self,
+        host: Host,
+        key: _Key,
+        route: Route,
+        item_id: str,
+        deadline: float,
+        *,
+        starttls: bool,
+        verify: bool | None = None,
+        sessions: list[TLSSession] | None = None,
+    ) -> _Session:
         """Open a session with ``host`` up to AUTH; raise ``_StepError`` to try the next host.
 
         ``starttls`` is ``False`` when an opportunistic handshake failed: the same host
-        again, in plain text.
+        again, in plain text. ``verify`` is ``False`` when a certificate checked under
+        an MTA-STS policy in ``testing`` failed: the same host again, TLS unverified
+        (``None``: as the policy says). How the TLS of a session held to an MTA-STS
+        policy ended is added to ``sessions``.
         """
         policy = key.policy
+        verify = policy.verify if verify is None else verify
         conn = _Connection(
             local_hostname=self._hostname,
             host=host,
@@ -46,7 +63,9 @@ class _Opener:
         )
         self._steps.arm(conn, "connect", deadline, "connecting")
         try:
-            return self._open(conn, host, key, route, item_id, deadline, starttls=starttls)
+            return self._open(
+                conn, host, key, route, item_id, deadline, starttls=starttls, verify=verify, sessions=sessions
+            )
         except _StepError as failure:
             failure.greeted, failure.tls = failure.greeted or conn.heard, conn.tls
             # A host that began its greeting is there, whatever ran out after that.
@@ -54,7 +73,17 @@ class _Opener:
             raise
 
     def _open(
-        self, conn: _Connection, host: Host, key: _Key, route: Route, item_id: str, deadline: float, *, starttls: bool
+        self,
+        conn: _Connection,
+        host: Host,
+        key: _Key,
+        route: Route,
+        item_id: str,
+        deadline: float,
+        *,
+        starttls: bool,
+        verify: bool,
+        sessions: list[TLSSession] | None,
     ) -> _Session:
         policy = key.policy
         try:
@@ -72,10 +101,16 @@ class _Opener:
                 raise _StepError.of_reply(code, raw, when="as the greeting")
             self._hello(conn, host, item_id, deadline)
             tls_wanted = policy.tls in (_TLS.STARTTLS, _TLS.OPPORTUNISTIC) and starttls
-            context = self._contexts.get(verify=policy.verify) if tls_wanted else None
-            if context is not None and not self._starttls(conn, host, route, policy, context, item_id, deadline):
-                conn.close()  # an opportunistic handshake failed: again, without STARTTLS
-                return self.open(host, key, route, item_id, deadline, starttls=False)
+            context = self._contexts.get(verify=verify) if tls_wanted else None
+            reported = sessions if verify and policy.sts is not None else None
+            if context is not None and not self._starttls(
+                conn, host, route, policy, context, item_id, deadline, reported=reported
+            ):
+                conn.close()
+                if verify and policy.sts is STSMode.TESTING:  # as without a policy: TLS, unverified
+                    return self.open(host, key, route, item_id, deadline, starttls=True, verify=False)
+                # an opportunistic handshake failed: again, without STARTTLS
+                return self.open(host, key, route, item_id, deadline, starttls=False, verify=False)
             if policy.username is not None:
                 self._login(conn, host, policy.username, route.password or "", item_id, deadline)
         except _StepError:
@@ -127,10 +162,20 @@ class _Opener:
         context: ssl.SSLContext,
         item_id: str,
         deadline: float,
+        *,
+        reported: list[TLSSession] | None = None,
     ) -> bool:
-        """Upgrade to TLS when offered or required; return ``False`` when an opportunistic handshake failed."""
+        """Upgrade to TLS when offered or required; return ``False`` when a handshake failed
+        that may be tried again otherwise (opportunistic, or checked under MTA-STS ``testing``).
+
+        Under an MTA-STS policy, ``reported`` gets how the TLS ended (RFC 8460), and
+        ``enforce`` defers ``4.7.5`` for anything but STARTTLS with a valid certificate.
+        """
         required = policy.tls is _TLS.STARTTLS
         if not conn.has_extn("starttls"):
+            self._sts_failure(
+                conn, host, policy, reported, TLSResult.STARTTLS_NOT_SUPPORTED, f"{host.name} does not offer STARTTLS"
+            )
             if required:
                 self._steps.quit(conn)
                 text = f"TLS is required but {host} does not offer STARTTLS. {_tls_setting(route)}"
@@ -145,7 +190,10 @@ class _Opener:
             code, raw = error.smtp_code, _raw(error)
         except (OSError, ValueError) as error:  # after the 220: the handshake
             logger.debug("%s %s: TLS handshake failed: %s", item_id, host, error)
-            if not required:
+            if not _timed_out(error):  # a timeout says nothing of the TLS the host offers
+                result, why = _handshake_failure(error, host)
+                self._sts_failure(conn, host, policy, reported, result, why, send_quit=False)
+            if not required or policy.sts is STSMode.TESTING:
                 return False
             if _timed_out(error):
                 raise _StepError(_own("4.4.2", f"Timed out in the TLS handshake with {host}")) from None
@@ -153,12 +201,22 @@ class _Opener:
         logger.debug("%s %s: STARTTLS -> %s", item_id, host, code)
         conn.tls = code == 220
         if code != 220:
+            refusal = reply_from(code, raw)
+            self._sts_failure(
+                conn,
+                host,
+                policy,
+                reported,
+                TLSResult.STARTTLS_NOT_SUPPORTED,
+                f"{host.name} refused STARTTLS: {code} {refusal.text}",
+            )
             if required:
                 self._steps.quit(conn)
-                refused = reply_from(code, raw)
-                text = f"TLS is required but {host} refused STARTTLS: {code} {refused.text}. {_tls_setting(route)}"
+                text = f"TLS is required but {host} refused STARTTLS: {code} {refusal.text}. {_tls_setting(route)}"
                 raise _StepError(_own("4.7.0", text), answered=True)
             return True  # opportunistic: go on in plain text
+        if reported is not None:
+            reported.append(TLSSession(host=host.name, address=host.address))
         self._steps.arm(conn, "greeting", deadline, "waiting for the reply to EHLO")
         code, raw = conn.ehlo(self._hostname)
         logger.debug("%s %s: EHLO -> %s", item_id, host, code)
@@ -166,6 +224,32 @@ class _Opener:
             self._steps.quit(conn)
             raise _StepError.of_reply(code, raw, when="to EHLO after STARTTLS")
         return True
+
+    def _sts_failure(
+        self,
+        conn: _Connection,
+        host: Host,
+        policy: _Policy,
+        reported: list[TLSSession] | None,
+        result: TLSResult,
+        why: str,
+        *,
+        send_quit: bool = True,
+    ) -> None:
+        """Report a session's TLS that an MTA-STS policy would refuse; under ``enforce``,
+        end the session: its recipients are deferred ``4.7.5`` (RFC 8461 §4.2)."""
+        if reported is None:
+            return
+        reported.append(TLSSession(host=host.name, address=host.address, failure=result, reason=why))
+        if policy.sts is not STSMode.ENFORCE:
+            return
+        if send_quit:  # not after a failed handshake: the connection is unusable
+            self._steps.quit(conn)
+        text = (
+            f"Not delivered to {host}: {why}, and the recipient domain's MTA-STS policy (mode enforce) "
+            f"requires TLS with a certificate valid for {host.name} ({result.value}, RFC 8461 §4.2)."
+        )
+        raise _StepError(_own("4.7.5", text), answered=True)
 
     def _login(
         self, conn: _Connection, host: Host, username: str, password: str, item_id: str, deadline: float
@@ -197,6 +281,15 @@ class _Opener:
         finally:
             conn.user = conn.password = ""  # smtplib keeps them on the object otherwise
         logger.debug("%s %s: AUTH -> %s", item_id, host, code)
+
+
+def _handshake_failure(error: BaseException, host: Host) -> tuple[TLSResult, str]:
+    """Return the RFC 8460 result type of a failed TLS handshake, and what failed."""
+    certificate = certificate_failure(error)
+    if certificate is not None:
+        result, why = certificate
+        return result, f"the certificate of {host.name} is not valid: {why}"
+    return TLSResult.VALIDATION_FAILURE, f"the TLS handshake with {host.name} failed: {error}"
 
 
 def _tls_setting(route: Route) -> str:

@@ -82,9 +82,9 @@ class _Pool:
         """Return whether ``session`` may take another transaction after this one."""
         return self._reuse_seconds > 0 and self._clock() - session.opened < REUSE_TIME_LIMIT
 
-    def give(self, session: _Session) -> None:
-        """Keep ``session`` for reuse, or QUIT it when none is kept, it is closed or it is old."""
-        if session.conn.sock is None or not self.reusable(session):
+    def give(self, session: _Session, *, keep: bool = True) -> None:
+        """Keep ``session`` for reuse, or QUIT it when none is kept, ``keep`` is false, it is closed or it is old."""
+        if not keep or session.conn.sock is None or not self.reusable(session):
             self._steps.quit(session.conn)
             return
         session.last_used = self._clock()

@@ -8,6 +8,7 @@ import ssl
 import threading
 
 from bumail_queue.conf import Route
+from bumail_queue.sts import STSMode
 
 from .failures import RouteOptionError
 
@@ -21,17 +22,26 @@ class _TLS(enum.Enum):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Policy:
-    """How to talk to a host: TLS, whether its certificate is verified, who logs in."""
+    """How to talk to a host: TLS, whether its certificate is verified, who logs in,
+    and the MTA-STS mode the TLS is held to (its sessions are reported, RFC 8460)."""
 
     tls: _TLS
     verify: bool
     username: str | None
+    sts: STSMode | None = None
 
 
 def _policy_of(route: Route, item_id: str) -> _Policy:
     if route.type == "mx":
+        if route.mta_sts is STSMode.ENFORCE:
+            # RFC 8461 §4.2: STARTTLS, and a certificate valid for the MX host's name.
+            return _Policy(_TLS.STARTTLS, verify=True, username=None, sts=STSMode.ENFORCE)
+        tls = _TLS.STARTTLS if route.tls_required else _TLS.OPPORTUNISTIC
+        if route.mta_sts is STSMode.TESTING:
+            # Checked as under enforce; what fails is reported and the session goes on as without.
+            return _Policy(tls, verify=True, username=None, sts=STSMode.TESTING)
         # Between MTAs: STARTTLS whenever offered, the certificate unchecked (RFC 7435).
-        return _Policy(_TLS.STARTTLS if route.tls_required else _TLS.OPPORTUNISTIC, verify=False, username=None)
+        return _Policy(tls, verify=False, username=None)
     if route.type != "smarthost":
         raise RouteOptionError(f"The route's type {route.type!r} is not 'mx' or 'smarthost'.", item_id=item_id)
     modes = {"starttls": _TLS.STARTTLS, "implicit": _TLS.IMPLICIT, "none": _TLS.NONE}
@@ -54,17 +64,22 @@ def _unverified_context() -> ssl.SSLContext:
 class _Contexts:
     """The SSL contexts of a transport: one that verifies certificates, one that does not.
 
-    Each is made when a session first needs it: loading the system's CA certificates
-    is costly, and a worker relaying in plain text never needs them.
+    The verifying one trusts ``ca_file`` (``TLS_CA_FILE``), or the system's trusted
+    certificates when it is ``None``. Each is made when a session first needs it:
+    loading CA certificates is costly, and a worker relaying in plain text never
+    needs them.
     """
 
-    def __init__(self, verifying: ssl.SSLContext | None) -> None:
+    def __init__(self, verifying: ssl.SSLContext | None, *, ca_file: str | None = None) -> None:
         self._contexts: dict[bool, ssl.SSLContext] = {} if verifying is None else {True: verifying}
+        self._ca_file = ca_file
         self._lock = threading.Lock()
 
     def get(self, *, verify: bool) -> ssl.SSLContext:
         with self._lock:
             context = self._contexts.get(verify)
             if context is None:
-                context = self._contexts[verify] = ssl.create_default_context() if verify else _unverified_context()
+                context = self._contexts[verify] = (
+                    ssl.create_default_context(cafile=self._ca_file) if verify else _unverified_context()
+                )
             return context

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from bumail_queue.addresses import mailbox_problem
 from bumail_queue.conf import Route, Timeouts
 from bumail_queue.delivery.dkim import Signatures
-from bumail_queue.delivery.envelope import Delivery, Envelope, Follow, Host
+from bumail_queue.delivery.envelope import Delivery, Envelope, Follow, Host, TLSSession
 from bumail_queue.items import Outcome, RecipientStatus
 
 from .connection import _Steps
@@ -62,9 +62,11 @@ class SMTPTransport:
     ``unreachable_memory_seconds`` is how long a host that did not answer is not
     connected to again (RFC 5321 §4.5.4.1; 0: it is tried every time);
     ``dkim`` signs each message as it goes on the wire (``None``: no signing).
-    ``ssl_context`` verifies smarthost certificates (``ssl.create_default_context()``
-    when ``None``); ``clock`` gives the time in seconds, for the session's deadline,
-    the connections' idle time and how long a host is remembered.
+    ``ssl_context`` verifies the certificates of smarthosts and of MX hosts under an
+    MTA-STS policy (when ``None``, one trusting ``ca_file``, ``TLS_CA_FILE``, or the
+    system's trusted certificates without it); ``clock`` gives the time in seconds,
+    for the session's deadline, the connections' idle time and how long a host is
+    remembered.
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class SMTPTransport:
         unreachable_memory_seconds: float = 300.0,
         dkim: Signatures | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        ca_file: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._hostname = hostname
@@ -85,7 +88,9 @@ class SMTPTransport:
         self._clock = clock
         self._steps = _Steps(timeouts, clock)
         self._pool = _Pool(reuse_seconds=reuse_seconds, steps=self._steps, clock=clock)
-        self._opener = _Opener(hostname=hostname, steps=self._steps, contexts=_Contexts(ssl_context), clock=clock)
+        self._opener = _Opener(
+            hostname=hostname, steps=self._steps, contexts=_Contexts(ssl_context, ca_file=ca_file), clock=clock
+        )
         self._transactions = _Transactions(self._steps, dkim)
         self._unreachable = _UnreachableHosts(seconds=unreachable_memory_seconds, clock=clock)
         self._reuse_seconds = max(0.0, reuse_seconds)  # also how long a follower's session waits for it
@@ -98,12 +103,20 @@ class SMTPTransport:
     # -- the public API -------------------------------------------------------------
 
     def deliver(
-        self, envelope: Envelope, *, route: Route, hosts: Sequence[Host], follow: Follow | None = None
+        self,
+        envelope: Envelope,
+        *,
+        route: Route,
+        hosts: Sequence[Host],
+        reuse: bool = True,
+        follow: Follow | None = None,
     ) -> SMTPDelivery:
         """Deliver ``envelope`` to the first of ``hosts`` that takes the session.
 
         Returns an outcome for every recipient of the envelope; raises nothing for
-        what servers, the network or the route did.
+        what servers, the network or the route did. ``reuse=False``: the session
+        ends (QUIT) with the transaction, its connection not kept for the next, and
+        ``follow`` is not called.
 
         ``follow`` is called at most once, as the final dot of ``envelope``'s last
         transaction is about to go on a session kept for reuse to a server that offers
@@ -115,6 +128,9 @@ class SMTPTransport:
         """
         deadline = self._clock() + self._timeouts.session
         recipients, outcomes, pending = _screened(envelope)
+        tls_sessions: list[TLSSession] = []
+        if not reuse:
+            follow = None
 
         def finish(
             remote_host: str | None = None, option_error: RouteOptionError | None = None, *, tls: bool = False
@@ -124,6 +140,7 @@ class SMTPTransport:
                 remote_host=remote_host,
                 tls=tls,
                 option_error=option_error,
+                tls_sessions=tuple(tls_sessions),
             )
 
         primed = self._take_primed(envelope.item_id)
@@ -141,7 +158,9 @@ class SMTPTransport:
             return finish(option_error=error)
 
         if primed is not None:
-            session = self._resume(primed, envelope, policy, hosts, pending, outcomes, deadline, follow)
+            session = self._resume(
+                primed, envelope, policy, hosts, pending, outcomes, deadline, reuse=reuse, follow=follow
+            )
             if session is not None:
                 return finish(session.host.name, tls=session.conn.tls)
         message = _Message.of(envelope.message)
@@ -166,7 +185,7 @@ class SMTPTransport:
                 continue
             while True:  # again while a pooled connection turns out stale: the next, or a new one
                 try:
-                    session = self._session(host, policy, route, envelope.item_id, deadline)
+                    session = self._session(host, policy, route, envelope.item_id, deadline, tls_sessions)
                 except _StepError as failure:
                     last, last_host = failure, host
                     if failure.greeted and failure.status is RecipientStatus.DEFERRED:
@@ -179,7 +198,7 @@ class SMTPTransport:
                     self._option_failed(failure.error, pending, outcomes)
                     return finish(host.name, failure.error)
                 self._unreachable.forget(host)  # it took the session: it is there, whatever comes next
-                if self._transact(session, envelope, message, pending, outcomes, deadline, follow=follow):
+                if self._transact(session, envelope, message, pending, outcomes, deadline, reuse=reuse, follow=follow):
                     return finish(host.name, tls=session.conn.tls)
 
         if last is None:
@@ -227,7 +246,9 @@ class SMTPTransport:
         reply = _own("4.3.5", f"The route's configuration was refused: {error.message}")
         outcomes.update((r, Outcome(status=RecipientStatus.DEFERRED, reply=reply)) for r in pending)
 
-    def _session(self, host: Host, policy: _Policy, route: Route, item_id: str, deadline: float) -> _Session:
+    def _session(
+        self, host: Host, policy: _Policy, route: Route, item_id: str, deadline: float, tls_sessions: list[TLSSession]
+    ) -> _Session:
         key = _Key(host.name.lower(), host.address, host.port, policy)
         while (session := self._pool.take(key)) is not None:
             if session.clean or session.conn.has_extn("pipelining"):
@@ -246,7 +267,7 @@ class SMTPTransport:
                 return session
             logger.debug("%s %s: a pooled connection failed RSET (%s); reconnecting", item_id, host, code)
             session.conn.close()
-        return self._opener.open(host, key, route, item_id, deadline, starttls=True)
+        return self._opener.open(host, key, route, item_id, deadline, starttls=True, sessions=tls_sessions)
 
     def _transact(
         self,
@@ -257,6 +278,7 @@ class SMTPTransport:
         outcomes: dict[str, Outcome],
         deadline: float,
         *,
+        reuse: bool = True,
         follow: Follow | None,
         primed: _Primed | None = None,
     ) -> bool:
@@ -289,10 +311,10 @@ class SMTPTransport:
         finally:
             if not reusable:
                 session.conn.close()  # a follower primed on it finds it closed: it was not tried
-            elif session.held_for is None:
-                self._pool.give(session)
-            else:
+            elif session.held_for is not None:
                 self._leave_to_follower(session, session.held_for)
+            else:
+                self._pool.give(session, keep=reuse)
         return True
 
     # -- followers (RFC 2920: the next transaction's commands with the final dot) ----
@@ -350,6 +372,8 @@ class SMTPTransport:
         pending: list[str],
         outcomes: dict[str, Outcome],
         deadline: float,
+        *,
+        reuse: bool,
         follow: Follow | None,
     ) -> _Session | None:
         """Go on with the transaction begun with the previous message's final dot: read
@@ -365,7 +389,9 @@ class SMTPTransport:
         outcomes.update(primed.plan.outcomes)
         primed.plan.outcomes = outcomes
         message = primed.plan.message
-        if self._transact(session, envelope, message, pending, outcomes, deadline, follow=follow, primed=primed):
+        if self._transact(
+            session, envelope, message, pending, outcomes, deadline, reuse=reuse, follow=follow, primed=primed
+        ):
             return session
         return None
 

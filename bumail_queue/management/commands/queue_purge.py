@@ -14,6 +14,7 @@ from bumail_queue.conf import get_settings
 from bumail_queue.management.arguments import describe_duration, duration, positive_int
 from bumail_queue.management.commands.queue_status import store_errors_in_one_line
 from bumail_queue.models import DeliveryLog
+from bumail_queue.stores import get_store
 
 #: A larger batch is one long transaction, and its ids overflow SQLite's bound parameters.
 MAX_BATCH_SIZE = 10_000
@@ -28,7 +29,10 @@ def batch_size(value: str) -> int:
 
 
 class Command(BaseCommand):
-    help = "Delete delivery log entries older than --older-than (default: DELIVERY_LOG_RETENTION), in batches."
+    help = (
+        "Delete delivery log entries older than --older-than (default: DELIVERY_LOG_RETENTION), in batches, "
+        "and the TLS report counts of the days before."
+    )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--older-than", type=duration, help="e.g. 30d, 12h, 2w (default: DELIVERY_LOG_RETENTION)")
@@ -57,6 +61,11 @@ class Command(BaseCommand):
             return
         with store_errors_in_one_line():
             deleted = delivery_log.purge(older_than=older_than, now=now, batch_size=options["batch_size"])
+            # A day's TLS report goes once the whole day is older than the cutoff.
+            kinds = get_store().purge_tls_session_counts(before=cutoff.date())
         self.stdout.write(
             f"Deleted {deleted} delivery log entr{'y' if deleted == 1 else 'ies'} older than {age} (before {cutoff:%Y-%m-%d %H:%M:%S %Z})."
+        )
+        self.stdout.write(
+            f"Deleted {kinds} TLS report count{'' if kinds == 1 else 's'} of the days before {cutoff:%Y-%m-%d}."
         )

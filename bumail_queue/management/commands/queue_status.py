@@ -6,6 +6,7 @@ import argparse
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -15,6 +16,7 @@ from bumail_queue.errors import QueueError, first_line
 from bumail_queue.management.arguments import describe_duration, positive_int
 from bumail_queue.queries import ItemState, QueueSummary, bucket_labels
 from bumail_queue.service import queue
+from bumail_queue.shaping import DestinationState
 
 
 class Command(BaseCommand):
@@ -29,10 +31,17 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         with store_errors_in_one_line():
             summary = queue.summary()
+            destinations = queue.destination_states()
         if options["json"]:
-            self.stdout.write(json.dumps(summary.to_dict(top=options["top"]), indent=2))
+            data = summary.to_dict(top=options["top"])
+            if queue.settings.shaping:
+                data["shaped_destinations"] = [state.to_dict() for state in destinations]
+            self.stdout.write(json.dumps(data, indent=2))
             return
-        self.stdout.write("\n".join(render(summary, top=options["top"])))
+        lines = render(summary, top=options["top"])
+        if queue.settings.shaping:
+            lines += render_destinations(destinations, summary.now)
+        self.stdout.write("\n".join(lines))
 
 
 @contextmanager
@@ -77,4 +86,24 @@ def render(summary: QueueSummary, *, top: int) -> list[str]:
     left_out = len(summary.shape) - len(shown)
     if left_out:
         lines.append(f"({left_out} more domain{'s' if left_out != 1 else ''}; --top to show more)")
+    return lines
+
+
+def render_destinations(states: list[DestinationState], now: datetime) -> list[str]:
+    """Return the shaped destinations' lines: sessions, window, suspension, items held back."""
+    lines = ["", "Shaped destinations (SHAPING):"]
+    if not states:
+        return [*lines, "  none has a session, a suspension or items held back."]
+    for state in states:
+        parts = [f"{state.sessions} session{'s' if state.sessions != 1 else ''}"]
+        if state.window is not None:
+            parts.append(f"slow-start window {state.window:g}")
+        if state.suspended_until is not None:
+            parts.append(
+                f"suspended for {describe_duration(state.suspended_until - now)} "
+                f"(until {state.suspended_until:%Y-%m-%d %H:%M:%S %Z})"
+            )
+        if state.held_until is not None:
+            parts.append(f"{state.held} held back, due by {state.held_until:%H:%M:%S %Z}")
+        lines.append(f"  {state.key}: {'; '.join(parts)}")
     return lines

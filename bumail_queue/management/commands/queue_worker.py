@@ -8,16 +8,19 @@ import logging
 import signal
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from contextlib import ExitStack, contextmanager
+from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from bumail_queue.conf import get_settings
+from bumail_queue.conf import QueueSettings, get_settings
 from bumail_queue.errors import QueueConfigurationError, QueueError
-from bumail_queue.management.arguments import positive_int
+from bumail_queue.management.arguments import listen_address, port, positive_int
 from bumail_queue.stores.base import QueueStore
 from bumail_queue.worker import Worker
+
+if TYPE_CHECKING:
+    from bumail_queue.metrics.server import MetricsServer, WorkerRegistry
 
 logger = logging.getLogger("bumail_queue.worker")
 
@@ -75,18 +78,41 @@ class Command(BaseCommand):
             "--owner", type=owner_name, help="this worker's name on its leases (default: host-pid-random)"
         )
         parser.add_argument("--burst", action="store_true", help="deliver what is due, then exit")
+        metrics = parser.add_argument_group("Prometheus metrics (needs bumail_queue[prometheus]; docs/metrics.md)")
+        metrics.add_argument(
+            "--metrics-port", type=port, help="serve metrics over HTTP on this port (0: any free port, logged)"
+        )
+        metrics.add_argument(
+            "--metrics-address",
+            type=listen_address,
+            help="the address to serve them on (default: 127.0.0.1; the endpoint has no access control)",
+        )
+        metrics.add_argument(
+            "--no-queue-gauges",
+            action="store_true",
+            help="serve this worker's metrics only, not the queue's gauges (read from the store at each scrape)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
         settings = get_settings()
+        metrics = _worker_metrics(options, domains=settings.metrics_domains)
         worker = Worker(
             settings=settings,
             owner=options["owner"],
             concurrency=options["concurrency"],
             domain_concurrency=options["domain_concurrency"],
             burst=options["burst"],
+            meter=None if metrics is None else metrics.metrics,
         )
         require_store(worker.store, burst=worker.burst)
+        with ExitStack() as stack:
+            if metrics is not None:
+                address = options["metrics_address"] or DEFAULT_METRICS_ADDRESS
+                stack.callback(_serve_metrics(metrics, worker, address, options["metrics_port"]).close)
+            self._run(worker, settings)
+
+    def _run(self, worker: Worker, settings: QueueSettings) -> None:
         logger.info(
             "starting owner=%s store=%s route=%s concurrency=%d domain_concurrency=%d lease=%ss burst=%s",
             worker.owner, type(worker.store).__name__, _describe_route(settings), worker.concurrency,
@@ -95,8 +121,8 @@ class Command(BaseCommand):
         with stop_on_signals(worker):
             stats = worker.run()
         logger.info(
-            "stopped items=%d delivered=%d deferred=%d failed=%d",
-            stats.items, stats.delivered, stats.deferred, stats.failed,
+            "stopped items=%d delivered=%d deferred=%d failed=%d held=%d",
+            stats.items, stats.delivered, stats.deferred, stats.failed, stats.held,
         )  # fmt: skip
         if worker.burst and stats.store_errors:
             # 0 says nothing was left due: cron and scripts must not take a pass that
@@ -113,6 +139,42 @@ class Command(BaseCommand):
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
             root.addHandler(handler)
         root.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+
+
+#: Where ``--metrics-port`` listens unless ``--metrics-address`` says otherwise: this
+#: machine only, as the endpoint has no access control (a scraper on the same host,
+#: or a sidecar, reaches it; anything else needs the address given on purpose).
+DEFAULT_METRICS_ADDRESS = "127.0.0.1"
+
+
+def _worker_metrics(options: dict[str, Any], *, domains: frozenset[str]) -> WorkerRegistry | None:
+    """Build the worker's metrics when ``--metrics-port`` asks for them."""
+    if options["metrics_port"] is None:
+        for flag in ("metrics_address", "no_queue_gauges"):
+            if options[flag]:
+                raise CommandError(f"--{flag.replace('_', '-')} goes with --metrics-port.")
+        return None
+    from bumail_queue.metrics import require_prometheus
+
+    try:
+        require_prometheus()
+    except QueueConfigurationError as error:
+        raise CommandError(error.message) from error
+    from bumail_queue.metrics.server import worker_registry
+
+    return worker_registry(domains=domains, queue_gauges=not options["no_queue_gauges"])
+
+
+def _serve_metrics(metrics: WorkerRegistry, worker: Worker, address: str, port: int) -> MetricsServer:
+    from bumail_queue.metrics.server import serve
+
+    metrics.metrics.watch(sessions=worker.sessions_under_way, concurrency=worker.concurrency)
+    try:
+        server = serve(metrics.registry, address=address, port=port)
+    except OSError as error:
+        raise CommandError(f"Cannot serve metrics on {address} port {port}: {error.strerror or error}.") from error
+    logger.info("serving metrics on %s", server.url, extra={"action": "metrics"})
+    return server
 
 
 def require_store(store: QueueStore, *, burst: bool) -> None:

@@ -10,11 +10,12 @@ import dataclasses
 import json
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any, cast
 
 from bumail_queue.items import QueueItem, Recipient
 from bumail_queue.stores.base import QueueStore
+from bumail_queue.suppression import Suppression
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MICROSECOND = timedelta(microseconds=1)
@@ -61,6 +62,58 @@ class RedisKeys:
         """The Pub/Sub channel that adds, retries and give-backs announce work on."""
         return f"{self.prefix}wake"
 
+    @property
+    def sts_policies(self) -> str:
+        """A hash of recipient domain to its MTA-STS policy, as JSON."""
+        return f"{self.prefix}mta-sts"
+
+    @property
+    def tls_days(self) -> str:
+        """The days that have TLS report counts, scored by their ordinal."""
+        return f"{self.prefix}tlsrpt:days"
+
+    def tls_counts(self, day: date) -> str:
+        """A hash of each kind of TLS session of ``day`` to its count."""
+        return f"{self.prefix}tlsrpt:{day.isoformat()}"
+
+    def tls_about(self, day: date) -> str:
+        """A hash of each kind of TLS session of ``day`` to its policy and first reason, as JSON."""
+        return f"{self.prefix}tlsrpt:{day.isoformat()}:about"
+
+    @property
+    def suppressed(self) -> str:
+        """The suppression list: a hash of address to its entry (JSON, with its times)."""
+        return f"{self.prefix}suppressed"
+
+    @property
+    def suppressed_expires(self) -> str:
+        """The suppressed addresses, scored by when their entries expire: the purge, the count."""
+        return f"{self.prefix}suppressed:expires"
+
+    @property
+    def suppressed_created(self) -> str:
+        """The suppressed addresses, scored by when they were added: the newest first."""
+        return f"{self.prefix}suppressed:created"
+
+    @property
+    def expiry_notes(self) -> str:
+        """The addresses whose delivery time expired once, scored by when the note lapses."""
+        return f"{self.prefix}suppressed:notes"
+
+    @property
+    def suppression_keys(self) -> list[str]:
+        """The keys of the suppression list, in the order its scripts take them."""
+        return [self.suppressed, self.suppressed_expires, self.suppressed_created, self.expiry_notes]
+
+    @property
+    def shaping(self) -> str:
+        """The destinations with a shaping bucket, scored by when their keys expire."""
+        return f"{self.prefix}shaping"
+
+    def bucket(self, destination: str) -> str:
+        """A destination's shaping bucket (a hash); its slots are ``<bucket>:slots``."""
+        return f"{self.prefix}shaping:{destination}"
+
     def item(self, item_id: str) -> str:
         return f"{self.prefix}item:{item_id}"
 
@@ -75,7 +128,7 @@ def micros(value: datetime) -> str:
     return str((value - EPOCH) // MICROSECOND)
 
 
-def from_micros(raw: bytes) -> datetime:
+def from_micros(raw: bytes | str | int) -> datetime:
     return EPOCH + timedelta(microseconds=int(raw))
 
 
@@ -129,3 +182,19 @@ def item_from_fields(fields: Mapping[bytes, bytes]) -> QueueItem:
 
 def copy_item(item: QueueItem) -> QueueItem:
     return dataclasses.replace(item, recipients=list(item.recipients))
+
+
+def suppression_json(entry: Suppression) -> str:
+    """Return an entry as the list's hash keeps it: its JSON form and its times."""
+    data = {**entry.to_dict(), "created": int(micros(entry.created_at)), "expires": int(micros(entry.expires_at))}
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def suppression_from_json(address: str, raw: bytes) -> Suppression:
+    data = json.loads(raw)
+    return Suppression.from_dict(
+        address,
+        data,
+        created_at=from_micros(data["created"]),
+        expires_at=from_micros(data["expires"]),
+    )

@@ -19,10 +19,11 @@ the key layout and value codec are ``layout``'s, the wake-up ``listener``'s.
 from __future__ import annotations
 
 import builtins
+import json
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, cast
 
 from django.conf import settings as django_settings
@@ -48,6 +49,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from bumail_queue.addresses import normal_address
 from bumail_queue.conf import QueueSettings
 from bumail_queue.errors import (
     ErrorCode,
@@ -56,19 +58,37 @@ from bumail_queue.errors import (
     first_line,
 )
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
-from bumail_queue.queries import RetryResult
+from bumail_queue.queries import GaugeTally, ItemState, QueueGauges, RetryResult, scaled
+from bumail_queue.shaping import (
+    SLOW_START_RESET_SECONDS,
+    Bucket,
+    DestinationState,
+    Permit,
+    PermitRequest,
+    WindowChange,
+    moment,
+    seconds,
+)
 from bumail_queue.stores.base import COMPLETE_TRIES, MESSAGE_HEAD_BYTES, QueueStore, WorkListener
+from bumail_queue.sts import STSPolicy, TLSSessionCount
+from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate, search_form
+from bumail_queue.text import is_keepable
 
-from . import scripts
+from . import scripts, sts
 from .layout import (
+    EPOCH,
+    MICROSECOND,
     RedisKeys,
     copy_item,
+    from_micros,
     hash_fields,
     item_from_fields,
     micros,
     own_id,
     pairs,
     recipients_json,
+    suppression_from_json,
+    suppression_json,
 )
 from .listener import RedisListener
 
@@ -80,6 +100,13 @@ EVICTING_POLICIES = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random"})
 # How many items a script of a retry reads: Redis runs nothing else meanwhile, so a
 # long queue is retried a page at a time, each about a millisecond.
 RETRY_PAGE = 1000
+
+# The fields of an item ``gauges`` reads.
+_GAUGED_FIELDS = ("created", "next", "attempts", "owner", "expires", "recipients")
+
+# How long a shaping bucket outlives the last thing it holds (a slot's lease, a
+# suspension, held items): an hour, by then its tokens are full and its window reset.
+BUCKET_KEPT_SECONDS = 3600
 
 # The system check connects while manage.py waits: it must not hang on a Redis that
 # drops packets, whatever timeouts CACHES gives the store's own connections.
@@ -95,6 +122,8 @@ class RedisStore(QueueStore):
     """
 
     supports_transactional_enqueue = False
+    claims_by_id = True
+    supports_shaping = True
 
     def __init__(self, settings: QueueSettings) -> None:
         super().__init__(settings)
@@ -341,6 +370,19 @@ class RedisStore(QueueStore):
         ]
         return [item_from_fields(pairs(fields)) for fields in self._run(scripts.CLAIM, "claim items", keys, args)]
 
+    def claim_items(
+        self, item_ids: Sequence[str], *, owner: str, now: datetime, lease_until: datetime
+    ) -> builtins.list[QueueItem]:
+        """One script for all of them."""
+        self.validate_owner(owner)
+        owns = list(dict.fromkeys(own for item_id in item_ids if (own := own_id(item_id)) is not None))
+        if not owns:
+            return []
+        keys = [self.keys.ready, self.keys.leases, self.keys.items]
+        args = [self.keys.prefix, owner, micros(now), micros(lease_until), *owns]
+        claimed = self._run(scripts.CLAIM_ITEMS, "claim items", keys, args)
+        return [item_from_fields(pairs(fields)) for fields in claimed]
+
     def renew(self, item_id: str, *, owner: str, lease_until: datetime) -> bool:
         self.validate_owner(owner)
         own = own_id(item_id)
@@ -513,6 +555,79 @@ class RedisStore(QueueStore):
             ),
         )
 
+    # -- reading for monitors: the metrics ----------------------------------------------
+
+    gauge_sample_rows = 2000
+    """A sample of items drawn one by one (``ZRANDMEMBER``) is as good as a far larger
+    one of whole pages, and each sampled item is a hash to read."""
+
+    def gauges(self, *, now: datetime) -> QueueGauges:
+        """Two round trips. The first counts what the sorted sets order: every item, the
+        leased ones, the due ones and the first due, exact at any size, and draws up to
+        ``gauge_sample_rows`` items at random (all of them in a smaller queue). The
+        second reads the drawn items' fields, for their states, recipients and ages:
+        beyond that many items, the split of the unleased items into queued and
+        deferred, the recipients and the oldest times are estimates from the draw."""
+        client = self._redis()
+        at = micros(now)
+        with self._translated_errors("read the queue's gauges"):
+            pipe = client.pipeline(transaction=False)
+            pipe.zcard(self.keys.items)
+            pipe.zcount(self.keys.leases, f"({at}", "+inf")
+            pipe.zcount(self.keys.ready, "-inf", at)
+            pipe.zcount(self.keys.leases, "-inf", at)  # expired: due again
+            pipe.zrangebyscore(self.keys.ready, "-inf", at, start=0, num=1, withscores=True)
+            pipe.zrangebyscore(self.keys.leases, "-inf", at, start=0, num=1, withscores=True)
+            pipe.zrandmember(self.keys.items, self.gauge_sample_rows)
+            total, leased, due_ready, expired, first_ready, first_expired, drawn = pipe.execute()
+            pipe = client.pipeline(transaction=False)
+            for member in drawn or ():
+                pipe.hmget(self.keys.item(member[17:].decode()), _GAUGED_FIELDS)
+            rows = pipe.execute() if drawn else []
+        tally = GaugeTally(now)
+        for fields in rows:
+            if fields[0] is not None:  # gone since it was drawn
+                self._tally(tally, fields, now)
+        if int(total) <= self.gauge_sample_rows:
+            return tally.gauges()
+        sample = tally.gauges()
+        # The counts the sorted sets give stand; the draw splits the unleased items
+        # into queued and deferred, and gives the recipients per item.
+        unleased, unleased_drawn = (
+            int(total) - int(leased),
+            sample.items[ItemState.QUEUED] + sample.items[ItemState.DEFERRED],
+        )
+        deferred = round(unleased * sample.items[ItemState.DEFERRED] / unleased_drawn) if unleased_drawn else 0
+        drawn_items = unleased_drawn + sample.items[ItemState.DELIVERING]
+        scale = int(total) / drawn_items if drawn_items else 0.0
+        firsts = [int(score) for _, score in (*first_ready, *first_expired)]
+        return QueueGauges(
+            now=now,
+            items={
+                ItemState.QUEUED: unleased - deferred,
+                ItemState.DEFERRED: deferred,
+                ItemState.DELIVERING: int(leased),
+            },
+            recipients={status: scaled(n, scale) for status, n in sample.recipients.items()},
+            oldest=sample.oldest,
+            due=int(due_ready) + int(expired),
+            first_due_at=EPOCH + min(firsts) * MICROSECOND if firsts else None,
+            exact=False,
+        )
+
+    @staticmethod
+    def _tally(tally: GaugeTally, fields: Sequence[bytes | None], now: datetime) -> None:
+        created, next_at, attempts, owner, expires, recipients = fields
+        assert created is not None and next_at is not None and attempts is not None and recipients is not None
+        leased = owner is not None and expires is not None and from_micros(expires) > now
+        state = ItemState.DELIVERING if leased else ItemState.DEFERRED if int(attempts) > 0 else ItemState.QUEUED
+        tally.count(
+            state=state,
+            created_at=from_micros(created),
+            next_attempt_at=from_micros(next_at),
+            statuses=(entry["status"] for entry in json.loads(recipients)),
+        )
+
     @property
     def _retry_keys(self) -> builtins.list[str]:
         return [self.keys.items, self.keys.ready]
@@ -534,6 +649,193 @@ class RedisStore(QueueStore):
         keys = [self.keys.items, self.keys.ready, self.keys.leases, self.keys.keys]
         fields = self._run(scripts.CANCEL, "cancel the item", keys, [self.keys.prefix, own])
         return None if fields is None else item_from_fields(pairs(fields))
+
+    # -- MTA-STS policies and TLS report counts: sts.py --------------------------------
+
+    def get_sts_policy(self, domain: str) -> STSPolicy | None:
+        client = self._redis()
+        with self._translated_errors("read the MTA-STS policy"):
+            raw = client.hget(self.keys.sts_policies, domain)
+        return None if raw is None else sts.policy_from_json(domain, cast("bytes", raw))
+
+    def put_sts_policy(self, policy: STSPolicy) -> None:
+        self.validate_sts_policy(policy)
+        client = self._redis()
+        with self._translated_errors("keep the MTA-STS policy"):
+            client.hset(self.keys.sts_policies, policy.domain, sts.policy_json(policy))
+
+    def count_tls_sessions(self, counts: Sequence[TLSSessionCount]) -> None:
+        self.validate_tls_counts(counts)
+        if not counts:
+            return
+        client = self._redis()
+        with self._translated_errors("count the TLS sessions"):
+            sts.add_counts(client, self.keys, counts)
+
+    def tls_session_counts(self, day: date) -> builtins.list[TLSSessionCount]:
+        client = self._redis()
+        with self._translated_errors("read the TLS report counts"):
+            return sts.read_counts(client, self.keys, day)
+
+    def purge_tls_session_counts(self, *, before: date) -> int:
+        client = self._redis()
+        with self._translated_errors("purge the TLS report counts"):
+            return sts.purge_counts(client, self.keys, before)
+
+    # -- the suppression list ---------------------------------------------------------
+
+    def suppressions_of(self, addresses: Iterable[str], *, now: datetime) -> dict[str, Suppression]:
+        """One ``HMGET`` for the whole batch; entries past their time are left out here."""
+        given: dict[str, list[str]] = {}
+        for address in addresses:
+            if is_keepable(address):
+                given.setdefault(normal_address(address), []).append(address)
+        if not given:
+            return {}
+        client = self._redis()
+        with self._translated_errors("read the suppression list"):
+            raws = cast("list[bytes | None]", client.hmget(self.keys.suppressed, list(given)))
+        found: dict[str, Suppression] = {}
+        for key, raw in zip(given, raws, strict=True):
+            if raw is not None and (entry := suppression_from_json(key, raw)).is_in_force(now):
+                found.update((address, entry) for address in given[key])
+        return found
+
+    def update_suppressions(self, change: SuppressionChange, *, now: datetime) -> SuppressionUpdate:
+        self.validate_suppressions(change)
+        if not change:
+            return SuppressionUpdate()
+        args: list[str | bytes | int] = [
+            micros(now),
+            "" if change.note_until is None else micros(change.note_until),
+        ]
+        for entries in (change.add, change.expired):
+            args.append(len(entries))
+            for entry in entries:
+                args += [entry.address, suppression_json(entry), micros(entry.created_at), micros(entry.expires_at)]
+        args += change.clear
+        promoted, removed = self._run(scripts.SUPPRESS, "update the suppression list", self.keys.suppression_keys, args)
+        by_address = {entry.address: entry for entry in change.expired}
+        return SuppressionUpdate(
+            suppressed=(*change.add, *(by_address[address.decode()] for address in promoted)),
+            removed=tuple(address.decode() for address in removed),
+        )
+
+    def search_suppressions(
+        self, *, now: datetime, text: str | None = None, offset: int = 0, limit: int = 100
+    ) -> builtins.list[Suppression]:
+        """One read-only script that walks the list from its newest entry (see ``suppression_page.lua``)."""
+        if limit <= 0:
+            return []
+        args: list[str | bytes | int] = [micros(now), "" if text is None else search_form(text), offset, limit]
+        keys = [self.keys.suppressed, self.keys.suppressed_created]
+        flat = self._run(scripts.SUPPRESSION_PAGE, "search the suppression list", keys, args)
+        return [suppression_from_json(address.decode(), raw) for address, raw in pairs(flat).items()]
+
+    def count_suppressions(self, *, now: datetime) -> int:
+        client = self._redis()
+        with self._translated_errors("count the suppression list"):
+            return int(client.zcount(self.keys.suppressed_expires, f"({micros(now)}", "+inf"))
+
+    def purge_suppressions(self, *, now: datetime) -> int:
+        """A thousand at a time, one script each, so that Redis serves the workers between them."""
+        dropped = 0
+        while True:
+            entries, notes = self._run(
+                scripts.SUPPRESSION_PURGE,
+                "purge the suppression list",
+                self.keys.suppression_keys,
+                [micros(now), RETRY_PAGE],
+            )
+            dropped += int(entries)
+            if entries < RETRY_PAGE and notes < RETRY_PAGE:
+                return dropped
+
+    # -- shaping: a hash and a sorted set of slots per destination, one script a step ---
+
+    def take_permit(self, request: PermitRequest) -> Permit:
+        limits, rate = request.limits, request.limits.rate
+        slot = request.slot if request.slot is not None and request.slot_until is not None else None
+        args: list[str | bytes | int] = [
+            self.keys.prefix,
+            request.key,
+            _number(seconds(request.now)),
+            "" if rate is None else _number(rate.per_second),
+            "" if rate is None else _number(rate.capacity),
+            "" if limits.concurrency is None else str(limits.concurrency),
+            "" if limits.slow_start is None else str(limits.slow_start),
+            _number(SLOW_START_RESET_SECONDS),
+            slot or "",
+            "" if slot is None or request.slot_until is None else _number(seconds(request.slot_until)),
+            str(request.held),
+            _number(seconds(request.held_until or request.now)),
+            str(BUCKET_KEPT_SECONDS),
+        ]
+        granted, reason, retry, sessions, limit = self._run(
+            scripts.SHAPING_TAKE, "ask for room at a destination", [self.keys.shaping], args
+        )
+        return Permit(
+            granted=granted == 1,
+            reason=reason.decode() or None,
+            retry_at=moment(float(retry)) if retry else None,
+            sessions=int(sessions),
+            limit=int(limit) if limit != b"" else None,
+        )
+
+    def release_permit(
+        self,
+        key: str,
+        *,
+        slot: str | None,
+        now: datetime,
+        change: WindowChange = WindowChange.KEEP,
+        concurrency: int | None = None,
+        suspend_until: datetime | None = None,
+    ) -> None:
+        args: list[str | bytes | int] = [
+            self.keys.prefix,
+            key,
+            slot or "",
+            _number(seconds(now)),
+            change.value,
+            "" if concurrency is None else str(concurrency),
+            "" if suspend_until is None else _number(seconds(suspend_until)),
+            str(BUCKET_KEPT_SECONDS),
+        ]
+        self._run(scripts.SHAPING_RELEASE, "end a session at a destination", [self.keys.shaping], args)
+
+    def renew_permit(self, key: str, *, slot: str, now: datetime, until: datetime) -> bool:
+        args: list[str | bytes | int] = [
+            self.keys.prefix,
+            key,
+            slot,
+            _number(seconds(now)),
+            _number(seconds(until)),
+            str(BUCKET_KEPT_SECONDS),
+        ]
+        return bool(self._run(scripts.SHAPING_RENEW, "renew a session's slot", [self.keys.shaping], args) == 1)
+
+    def destination_states(self, *, now: datetime) -> builtins.list[DestinationState]:
+        """The index's destinations, then each bucket and its live slots, pipelined."""
+        client = self._redis()
+        at = seconds(now)
+        with self._translated_errors("read the shaping buckets"):
+            found = cast("list[bytes]", client.zrangebyscore(self.keys.shaping, at, "+inf"))
+            keys = sorted(key.decode() for key in found)
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hgetall(self.keys.bucket(key))
+                pipe.zrangebyscore(f"{self.keys.bucket(key)}:slots", f"({at}", "+inf", withscores=True)
+            replies = pipe.execute()
+        states = []
+        for key, fields, slots in zip(keys, replies[::2], replies[1::2], strict=True):
+            if fields:
+                states.append(_bucket_from(hash_fields(fields), slots).state(key, now))
+        return states
+
+    def forget_idle_destinations(self, *, before: datetime, now: datetime) -> int:
+        args: list[str | bytes | int] = [self.keys.prefix, _number(seconds(before)), _number(seconds(now))]
+        return int(self._run(scripts.SHAPING_FORGET, "forget idle destinations", [self.keys.shaping], args))
 
     def listener(self) -> WorkListener | None:
         """A Pub/Sub subscription on its own connection: idle workers wake on enqueue."""
@@ -593,6 +895,28 @@ class RedisStore(QueueStore):
             obj="BUMAIL_QUEUE",
             id="bumail_queue.W003",
         )
+
+
+def _number(value: float) -> str:
+    """A number as the shaping scripts read it: seconds to the microsecond, rates exactly."""
+    return repr(float(value))
+
+
+def _bucket_from(fields: Mapping[bytes, bytes], slots: Sequence[tuple[bytes, float]]) -> Bucket:
+    def number(name: bytes) -> float | None:
+        raw = fields.get(name)
+        return None if raw is None else float(raw)
+
+    return Bucket(
+        tokens=number(b"tokens"),
+        tokens_at=number(b"tokens_at") or 0.0,
+        window=number(b"window"),
+        slots={slot.decode(): float(until) for slot, until in slots},
+        suspended_until=number(b"suspended_until") or 0.0,
+        active_at=number(b"active_at") or 0.0,
+        held=int(number(b"held") or 0),
+        held_until=number(b"held_until") or 0.0,
+    )
 
 
 # -- errors and checks ----------------------------------------------------------------

@@ -1,0 +1,233 @@
+"""The ORM store's suppression list: ``bumail_queue_suppressions``, one row per address.
+
+A row is an entry (``suppressed``), or the note of an address's first expiry
+(``MAX_AGE``), which the second expiry while it lasts makes an entry. Each write is
+one ``INSERT ... ON CONFLICT`` per address or one ``DELETE ... RETURNING`` per 500;
+an expiry reads its row under a lock first, so two workers noting the same address
+at once meet in the row, one after the other.
+Lookups go by the primary key, a batch in one statement (500 addresses a statement,
+well within SQLite's bound parameters); the admin's page walks the ``created_at`` index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any, Protocol
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from bumail_queue.addresses import normal_address
+from bumail_queue.items import Reply
+from bumail_queue.models import Suppression as Row
+from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionReason, SuppressionUpdate, search_form
+from bumail_queue.text import is_keepable
+
+from .orm_database import aware
+from .orm_queries import escape_like
+
+#: Addresses per statement of a lookup or a removal.
+ADDRESSES_PER_STATEMENT = 500
+#: Expired rows an update that adds entries drops on its way, so the table stays the
+#: size of what is in force without a purge; ``purge`` drops the rest.
+PURGE_ON_THE_WAY = 100
+
+_COLUMNS = ("address", "suppressed", "reason", "reply_code", "reply_status", "reply_text", "created_at", "expires_at")
+_ENTRY_COLUMNS = ", ".join(c for c in _COLUMNS if c != "suppressed")
+
+
+class ORMWriter(Protocol):
+    """What the list needs of the ORM store: its connection, its quoting, its writes."""
+
+    alias: str
+
+    @property
+    def connection(self) -> BaseDatabaseWrapper: ...
+
+    def quote(self, name: str) -> str: ...
+
+    def prep_time(self, value: datetime) -> Any: ...
+
+    def translated_errors(self) -> AbstractContextManager[None]: ...
+
+    def writing(self, *, single_statement: bool = False) -> AbstractContextManager[Any]: ...
+
+
+def _table(store: ORMWriter) -> str:
+    return store.quote(Row._meta.db_table)
+
+
+def _entry(row: Sequence[Any]) -> Suppression:
+    """An entry from a row of ``_ENTRY_COLUMNS`` (raw: SQLite gives times as text)."""
+    address, reason, code, status, text, created_at, expires_at = row
+    return Suppression(
+        address=address,
+        reason=SuppressionReason(reason),
+        reply=Reply(code=code, status=status, text=text),
+        created_at=_time(created_at),
+        expires_at=_time(expires_at),
+    )
+
+
+def _time(value: Any) -> datetime:
+    """A raw row's time (never NULL in this table) as an aware ``datetime``."""
+    time = aware(value)
+    assert time is not None
+    return time
+
+
+def _values(store: ORMWriter, entry: Suppression, *, suppressed: bool, expires_at: datetime) -> list[Any]:
+    reply = entry.reply
+    return [
+        entry.address,
+        suppressed,
+        entry.reason.value,
+        reply.code,
+        reply.status[:16],
+        reply.text,
+        store.prep_time(entry.created_at),
+        store.prep_time(expires_at),
+    ]
+
+
+def suppressions_of(store: ORMWriter, addresses: Iterable[str], *, now: datetime) -> dict[str, Suppression]:
+    """Look a batch up by primary key: one statement per 500 distinct addresses."""
+    given: dict[str, list[str]] = {}
+    for address in addresses:
+        if is_keepable(address):
+            given.setdefault(normal_address(address), []).append(address)
+    keys = list(given)
+    found: dict[str, Suppression] = {}
+    table, q = _table(store), store.quote
+    with store.translated_errors(), store.connection.cursor() as cursor:
+        for start in range(0, len(keys), ADDRESSES_PER_STATEMENT):
+            chunk = keys[start : start + ADDRESSES_PER_STATEMENT]
+            cursor.execute(
+                f"SELECT {_ENTRY_COLUMNS} FROM {table} WHERE {q('address')} IN ({', '.join(['%s'] * len(chunk))}) "
+                f"AND {q('suppressed')} AND {q('expires_at')} > %s",
+                [*chunk, store.prep_time(now)],
+            )
+            for row in cursor.fetchall():
+                entry = _entry(row)
+                found.update((address, entry) for address in given[entry.address])
+    return found
+
+
+def _upsert_sql(store: ORMWriter) -> str:
+    table, q = _table(store), store.quote
+    updated = ", ".join(f"{q(c)} = excluded.{q(c)}" for c in _COLUMNS if c != "address")
+    return (
+        f"INSERT INTO {table} ({', '.join(map(q, _COLUMNS))}) VALUES ({', '.join(['%s'] * len(_COLUMNS))}) "
+        f"ON CONFLICT ({q('address')}) DO UPDATE SET {updated}"
+    )
+
+
+def update_suppressions(store: ORMWriter, change: SuppressionChange, *, now: datetime) -> SuppressionUpdate:
+    """Apply a change in one transaction: an upsert per entry or expiry, one ``DELETE`` per 500 cleared."""
+    written = list(change.add)
+    removed: list[str] = []
+    at = store.prep_time(now)
+    # The common change, a batch's deliveries taking their addresses off, is one
+    # DELETE: no transaction of its own, and no commit to wait for when it finds none.
+    alone = not change.add and not change.expired and len(change.clear) <= ADDRESSES_PER_STATEMENT
+    with store.writing(single_statement=alone) as cursor:
+        for entry in change.add:
+            cursor.execute(_upsert_sql(store), _values(store, entry, suppressed=True, expires_at=entry.expires_at))
+        for entry in change.expired:
+            if _expired_once_more(store, cursor, entry, change.note_until or now, now):
+                written.append(entry)
+        for start in range(0, len(change.clear), ADDRESSES_PER_STATEMENT):
+            removed += _delete(store, cursor, change.clear[start : start + ADDRESSES_PER_STATEMENT], now)
+        if written:
+            _drop_expired(store, cursor, at, limit=PURGE_ON_THE_WAY)
+    return SuppressionUpdate(suppressed=tuple(written), removed=tuple(removed))
+
+
+def _expired_once_more(store: ORMWriter, cursor: Any, entry: Suppression, note_until: datetime, now: datetime) -> bool:
+    """Note an expiry of ``entry.address``; return whether it put ``entry`` in force.
+
+    A new address gets its note in the first statement. Otherwise the row is read under
+    its lock (``FOR UPDATE`` on PostgreSQL; SQLite's write lock, which the ``INSERT``
+    took, on SQLite), so of two workers noting the same address at once, the second
+    sees the note the first wrote: an entry in force stays, a lasting note becomes the
+    entry, a lapsed one is noted anew. Expiries are rare: three statements at most.
+    """
+    table, q = _table(store), store.quote
+    cursor.execute(
+        f"INSERT INTO {table} ({', '.join(map(q, _COLUMNS))}) VALUES ({', '.join(['%s'] * len(_COLUMNS))}) "
+        f"ON CONFLICT ({q('address')}) DO NOTHING RETURNING {q('address')}",
+        _values(store, entry, suppressed=False, expires_at=note_until),
+    )
+    if cursor.fetchone() is not None:
+        return False
+    lock = " FOR UPDATE" if store.connection.vendor == "postgresql" else ""
+    cursor.execute(
+        f"SELECT {q('suppressed')}, {q('expires_at')} FROM {table} WHERE {q('address')} = %s{lock}", [entry.address]
+    )
+    suppressed, expires_at = cursor.fetchone()
+    lasting = _time(expires_at) > now
+    if suppressed and lasting:
+        return False
+    cursor.execute(
+        _upsert_sql(store),
+        _values(store, entry, suppressed=lasting, expires_at=entry.expires_at if lasting else note_until),
+    )
+    return bool(lasting)
+
+
+def _delete(store: ORMWriter, cursor: Any, addresses: Sequence[str], now: datetime) -> list[str]:
+    """Delete the rows of ``addresses``; return those whose entries were in force."""
+    q = store.quote
+    cursor.execute(
+        f"DELETE FROM {_table(store)} WHERE {q('address')} IN ({', '.join(['%s'] * len(addresses))}) "
+        f"RETURNING {q('address')}, {q('suppressed')}, {q('expires_at')}",
+        list(addresses),
+    )
+    return [address for address, suppressed, expires_at in cursor.fetchall() if suppressed and _time(expires_at) > now]
+
+
+def _drop_expired(store: ORMWriter, cursor: Any, at: Any, *, limit: int | None) -> int:
+    table, q = _table(store), store.quote
+    expired = f"SELECT {q('address')} FROM {table} WHERE {q('expires_at')} <= %s"
+    if limit is not None:
+        expired += f" LIMIT {int(limit)}"
+    cursor.execute(
+        f"DELETE FROM {table} WHERE {q('address')} IN ({expired}) RETURNING {q('suppressed')}",
+        [at],
+    )
+    return sum(1 for (suppressed,) in cursor.fetchall() if suppressed)
+
+
+def search_suppressions(
+    store: ORMWriter, *, now: datetime, text: str | None, offset: int, limit: int
+) -> list[Suppression]:
+    """A page in one statement, on the ``created_at`` index; a text is a ``LIKE`` that reads every entry."""
+    if limit <= 0:
+        return []
+    q = store.quote
+    where = f"{q('suppressed')} AND {q('expires_at')} > %s"
+    params: list[Any] = [store.prep_time(now)]
+    if text is not None:
+        # ASCII case aside, as the other stores compare: the C collation's lower() on
+        # PostgreSQL, SQLite's LIKE.
+        address = f'lower({q("address")} COLLATE "C")' if store.connection.vendor == "postgresql" else q("address")
+        where += f" AND {address} LIKE %s ESCAPE '\\'"
+        params.append(f"%{escape_like(search_form(text))}%")
+    sql = (
+        f"SELECT {_ENTRY_COLUMNS} FROM {_table(store)} WHERE {where} "
+        f"ORDER BY {q('created_at')} DESC, {q('address')} DESC LIMIT %s OFFSET %s"
+    )
+    with store.translated_errors(), store.connection.cursor() as cursor:
+        cursor.execute(sql, [*params, limit, offset])
+        return [_entry(row) for row in cursor.fetchall()]
+
+
+def count_suppressions(store: ORMWriter, *, now: datetime) -> int:
+    with store.translated_errors():
+        return Row.objects.using(store.alias).filter(suppressed=True, expires_at__gt=now).count()
+
+
+def purge_suppressions(store: ORMWriter, *, now: datetime) -> int:
+    with store.writing() as cursor:
+        return _drop_expired(store, cursor, store.prep_time(now), limit=None)

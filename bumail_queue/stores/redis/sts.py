@@ -1,0 +1,103 @@
+"""How the Redis store keeps MTA-STS policies and TLS report counts.
+
+A policy is a field of one hash, ``<prefix>mta-sts``, its domain to its JSON. A day's
+counts are two hashes, each kind (``TLSSessionCount.kind``, as JSON) to its count
+(``HINCRBY``) and to its policy and first reason (``HSETNX``), written for a batch in
+one ``MULTI``/``EXEC``; the sorted set ``<prefix>tlsrpt:days`` lists the days, so a
+purge finds them without scanning keys.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import date
+from typing import Any, cast
+
+from redis import Redis
+
+from bumail_queue.sts import STSMode, STSPolicy, TLSResult, TLSSessionCount
+
+from .layout import RedisKeys, from_micros, hash_fields, micros
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def policy_json(policy: STSPolicy) -> str:
+    """Return a policy as the hash keeps it."""
+    return _json(
+        {
+            "id": policy.id,
+            "mode": policy.mode.value,
+            "mx": list(policy.mx),
+            "max_age": policy.max_age,
+            "fetched": micros(policy.fetched_at),
+        }
+    )
+
+
+def policy_from_json(domain: str, raw: bytes) -> STSPolicy:
+    """Read a policy back from the hash."""
+    data = json.loads(raw)
+    return STSPolicy(
+        domain=domain,
+        id=data["id"],
+        mode=STSMode(data["mode"]),
+        mx=tuple(data["mx"]),
+        max_age=int(data["max_age"]),
+        fetched_at=from_micros(data["fetched"].encode()),
+    )
+
+
+def add_counts(client: Redis, keys: RedisKeys, counts: Sequence[TLSSessionCount]) -> None:
+    """Add ``counts`` in one ``MULTI``/``EXEC``: every count, or none."""
+    pipe = client.pipeline(transaction=True)
+    for count in counts:
+        field = _json([count.domain, count.policy_id, count.result or "", count.mx_host, count.address])
+        pipe.hincrby(keys.tls_counts(count.day), field, count.count)
+        pipe.hsetnx(keys.tls_about(count.day), field, _json({"policy": list(count.policy), "reason": count.reason}))
+    for day in {count.day for count in counts}:
+        pipe.zadd(keys.tls_days, {day.isoformat(): day.toordinal()})
+    pipe.execute()
+
+
+def read_counts(client: Redis, keys: RedisKeys, day: date) -> list[TLSSessionCount]:
+    """Return the counts of ``day``, read in one round trip."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hgetall(keys.tls_counts(day))
+    pipe.hgetall(keys.tls_about(day))
+    counted, about = (hash_fields(reply) for reply in pipe.execute())
+    return [_count_of(day, field, int(value), about) for field, value in counted.items()]
+
+
+def _count_of(day: date, field: bytes, value: int, about: Mapping[bytes, bytes]) -> TLSSessionCount:
+    domain, policy_id, result, mx_host, address = json.loads(field)
+    extra = json.loads(about.get(field, b"{}"))
+    return TLSSessionCount(
+        day=day,
+        domain=domain,
+        policy_id=policy_id,
+        policy=tuple(extra.get("policy", ())),
+        result=TLSResult(result) if result else None,
+        mx_host=mx_host,
+        address=address,
+        reason=extra.get("reason", ""),
+        count=value,
+    )
+
+
+def purge_counts(client: Redis, keys: RedisKeys, before: date) -> int:
+    """Delete the counts of the days before ``before``; return how many kinds went."""
+    found = cast("list[bytes]", client.zrangebyscore(keys.tls_days, "-inf", before.toordinal() - 1))
+    days = [date.fromisoformat(raw.decode()) for raw in found]
+    if not days:
+        return 0
+    pipe = client.pipeline(transaction=True)
+    for day in days:
+        pipe.hlen(keys.tls_counts(day))
+        pipe.delete(keys.tls_counts(day), keys.tls_about(day))
+    pipe.zrem(keys.tls_days, *(day.isoformat() for day in days))
+    replies = pipe.execute()
+    return sum(int(replies[index]) for index in range(0, 2 * len(days), 2))

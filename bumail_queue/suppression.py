@@ -1,0 +1,273 @@
+"""The suppression list: which outcomes put an address on it or take it off, and its values.
+
+An address is suppressed when a permanent failure says that its mailbox or its domain
+does not exist (``SUPPRESSING_STATUSES``), or when its delivery time expired
+(``MAX_AGE``, ``4.4.7``) twice within ``SUPPRESSION_EXPIRY_WINDOW``; a delivery to it
+takes it off, and so does its expiry (``SUPPRESSION_DURATION``). The worker checks a
+claim's recipients against the list before it routes them: a suppressed recipient
+fails at once with ``suppressed_reply()``, without a session.
+
+These are values and pure functions; the stores keep the entries (``QueueStore``'s
+suppression methods), the worker and its recorder apply them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import string
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from .addresses import normal_address, normal_domain
+from .items import Outcome, RecipientStatus, Reply, reply_line
+
+__all__ = [
+    "DNS_VERDICTS",
+    "SUPPRESSED_STATUS",
+    "SUPPRESSING_STATUSES",
+    "Suppression",
+    "SuppressionChange",
+    "SuppressionReason",
+    "SuppressionUpdate",
+    "address_holds",
+    "ascii_lower",
+    "change_from",
+    "search_form",
+    "suppressed_reply",
+    "suppresses",
+]
+
+SUPPRESSING_STATUSES: Final = frozenset(
+    {
+        # RFC 3463 §3.2. X.1.1: "The mailbox specified in the address does not exist."
+        "5.1.1",
+        # X.1.2: "The destination system specified in the address does not exist or is
+        # incapable of accepting mail" (also what our DNS lookup says for NXDOMAIN).
+        "5.1.2",
+        # X.1.3: "The destination address was syntactically invalid": it can never work.
+        "5.1.3",
+        # X.1.6: "The mailbox address provided was at one time valid, but mail is no
+        # longer being accepted for that address" (no forwarding address).
+        "5.1.6",
+        # RFC 7505 §4.2: "Recipient address has null MX": the domain takes no mail.
+        "5.1.10",
+        # RFC 3463 §3.3. X.2.1: "The mailbox exists, but is not accepting messages";
+        # in class 5 the server says it is for good (Gmail answers so for a disabled
+        # account; KumoMTA classes it InactiveMailbox).
+        "5.2.1",
+        # RFC 7293 (RRVS): the mailbox's or the domain's owner has changed since.
+        "5.7.17",
+        "5.7.18",
+    }
+)
+"""The enhanced status codes of a permanent failure that suppress its address: those
+that say the mailbox or the domain does not exist or will take no mail, KumoMTA's
+*InvalidRecipient*, *BadDomain* and *InactiveMailbox* classes in class 5. Not the
+policy codes (``5.7.1``, a block of *our* mail: suppressing would punish the
+recipient for our reputation), not the vague ``5.1.0`` or ``5.0.0``, and not a reply
+without an enhanced status, which may be either."""
+
+DNS_VERDICTS: Final = frozenset({"5.1.2", "5.1.10"})
+"""The suppressing statuses our own DNS lookup gives (no SMTP reply): the domain does
+not exist, has no mail host, or publishes a null MX. Our other local failures (an
+address ``smtplib`` cannot send to a server without SMTPUTF8, ``5.1.3``) are about a
+session, not the address, and suppress nothing."""
+
+SUPPRESSED_STATUS: Final = "5.7.1"
+"""The status of a recipient failed because it is suppressed: RFC 3463's X.7.1,
+"delivery not authorized, message refused ... the result of per-host or
+per-recipient filtering", which is what the list is; Momentum and SparkPost answer a
+suppressed recipient with it too. Not the cause's own status: the cause was another
+message's, and an expiry's (``4.4.7``) is not even permanent."""
+
+
+class SuppressionReason(enum.StrEnum):
+    """Why an address is on the list."""
+
+    FAILED = "failed"
+    """A permanent failure said that its mailbox or its domain does not exist."""
+    EXPIRED = "expired"
+    """Its delivery time expired (``MAX_AGE``) twice within ``SUPPRESSION_EXPIRY_WINDOW``."""
+    MANUAL = "manual"
+    """An operator added it (the admin, ``manage.py queue_suppression add``)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Suppression:
+    """An entry of the suppression list.
+
+    ``address`` is in ``addresses.normal_address``'s form; ``reply`` the reply that
+    put it there (an operator's note, with no code and no status, for ``manual``).
+    The entry is in force until ``expires_at``.
+    """
+
+    address: str
+    reason: SuppressionReason
+    reply: Reply
+    created_at: datetime
+    expires_at: datetime
+
+    def is_in_force(self, now: datetime) -> bool:
+        """Return whether the entry still suppresses its address at ``now``."""
+        return self.expires_at > now
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form a store keeps (times are kept by the store, in its own form)."""
+        return {"reason": self.reason.value, "reply": self.reply.to_dict()}
+
+    @classmethod
+    def from_dict(
+        cls, address: str, data: Mapping[str, Any], *, created_at: datetime, expires_at: datetime
+    ) -> Suppression:
+        """Build an entry from its JSON form and its times."""
+        return cls(
+            address=address,
+            reason=SuppressionReason(data["reason"]),
+            reply=Reply.from_dict(data["reply"]),
+            created_at=created_at,
+            expires_at=expires_at,
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class SuppressionChange:
+    """What a store writes to the list in one step (``QueueStore.update_suppressions``).
+
+    ``add`` puts entries on the list, replacing any for their addresses. ``expired``
+    holds one expiry each: an address whose first expiry is noted (until
+    ``note_until``) is suppressed, as its entry there says, when a second comes while
+    the note lasts. ``clear`` takes addresses off: their entries and their notes. An
+    address is in one of the three at most, in ``addresses.normal_address``'s form.
+    """
+
+    add: tuple[Suppression, ...] = ()
+    expired: tuple[Suppression, ...] = ()
+    note_until: datetime | None = None
+    clear: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.add or self.expired or self.clear)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class SuppressionUpdate:
+    """What an update did: the entries now in force that it wrote (added, or a second
+    expiry's), and the addresses it took off whose entries were in force."""
+
+    suppressed: tuple[Suppression, ...] = ()
+    removed: tuple[str, ...] = ()
+
+
+_ASCII_LOWER: Final = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def ascii_lower(text: str) -> str:
+    """Return ``text`` with its ASCII letters lowercase, and nothing else changed: the
+    case rule every store can apply in its own query (SQLite's ``lower()``, Lua's)."""
+    return text.translate(_ASCII_LOWER)
+
+
+def search_form(text: str) -> str:
+    """Return a search text in the form the list keeps addresses, ASCII-lowercase.
+
+    Its domain part (after an ``@``, or the whole text without one) in A-labels when it
+    is not ASCII, so ``ann@Bücher.example`` and ``bücher`` find ``ann@xn--bcher-kva.example``.
+    """
+    local, at, domain = text.rpartition("@")
+    if not domain.isascii():
+        domain = normal_domain(domain)
+    return ascii_lower(f"{local}{at}{domain}")
+
+
+def address_holds(address: str, text: str) -> bool:
+    """Return whether a kept ``address`` holds ``text`` (in ``search_form``), as stores compare."""
+    return text in ascii_lower(address)
+
+
+def suppresses(reply: Reply) -> bool:
+    """Return whether a permanent failure with ``reply`` puts its address on the list.
+
+    A server's reply suppresses when its enhanced status is one of
+    ``SUPPRESSING_STATUSES``; a failure of ours (no reply code) only when our DNS
+    lookup gave it (``DNS_VERDICTS``).
+    """
+    status = reply.status.strip()
+    if reply.code is None:
+        return status in DNS_VERDICTS
+    return reply.code // 100 == 5 and status in SUPPRESSING_STATUSES
+
+
+def suppressed_reply(entry: Suppression) -> Reply:
+    """Return the reply of a recipient failed because ``entry`` suppresses it.
+
+    No server gave it (``code`` is ``None``), as for any failure of the queue's own;
+    its text says that the address is suppressed, until when, and why.
+    """
+    until = entry.expires_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    text = f"Recipient address suppressed until {until}: {_cause(entry)}"
+    return Reply(code=None, status=SUPPRESSED_STATUS, text=text[:512])
+
+
+def _cause(entry: Suppression) -> str:
+    if entry.reason == SuppressionReason.MANUAL:
+        note = entry.reply.text.strip()
+        return f"added by an operator ({note})" if note else "added by an operator"
+    said = reply_line(entry.reply) or "no reply"
+    if entry.reason == SuppressionReason.EXPIRED:
+        return f"its delivery time expired twice; the last time: {said}"
+    return f"an earlier delivery failed with {said}"
+
+
+def change_from(
+    outcomes: Iterable[tuple[str, Outcome, bool]],
+    *,
+    now: datetime,
+    duration: timedelta,
+    expiry_window: timedelta | None,
+) -> SuppressionChange:
+    """Return what a batch of outcomes changes on the list.
+
+    ``outcomes`` holds each recipient's address, outcome and whether it failed because
+    its delivery time expired (``MAX_AGE``). A delivery takes its address off; a
+    suppressing failure puts it on for ``duration``; an expiry is noted for
+    ``expiry_window`` (``None``: never), and two expiries of one address in the batch
+    suppress it at once. A delivery outweighs a failure of the same batch: it proves
+    that the mailbox takes mail.
+    """
+    delivered: set[str] = set()
+    failed: dict[str, Suppression] = {}
+    expiries: Counter[str] = Counter()
+    last_expiry: dict[str, Reply] = {}
+
+    def entry(address: str, reason: SuppressionReason, reply: Reply) -> Suppression:
+        return Suppression(address=address, reason=reason, reply=reply, created_at=now, expires_at=now + duration)
+
+    for address, outcome, expired in outcomes:
+        key = normal_address(address)
+        if outcome.status == RecipientStatus.DELIVERED:
+            delivered.add(key)
+        elif outcome.status != RecipientStatus.FAILED:
+            continue
+        elif expired:
+            if expiry_window is not None:
+                expiries[key] += 1
+                last_expiry[key] = outcome.reply
+        elif suppresses(outcome.reply):
+            failed[key] = entry(key, SuppressionReason.FAILED, outcome.reply)
+    for key, count in expiries.items():
+        if count >= 2 and key not in failed:
+            failed[key] = entry(key, SuppressionReason.EXPIRED, last_expiry[key])
+    noted = [
+        entry(key, SuppressionReason.EXPIRED, last_expiry[key])
+        for key, count in expiries.items()
+        if count == 1 and key not in failed and key not in delivered
+    ]
+    return SuppressionChange(
+        add=tuple(e for key, e in failed.items() if key not in delivered),
+        expired=tuple(noted),
+        note_until=None if expiry_window is None else now + expiry_window,
+        clear=tuple(sorted(delivered)),
+    )
