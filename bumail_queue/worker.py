@@ -180,8 +180,8 @@ class Worker:
         self.clock = clock
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not a secret
         self.transport = transport or self._default_transport()
-        # The transport can begin the next item's transaction with a message's final dot.
-        self._following = cast(FollowingTransport, self.transport) if _takes_follow(self.transport) else None
+        # Whether the transport last seen can begin a transaction with a final dot.
+        self._follows: tuple[Transport, bool] | None = None
         self._resolver = resolver
         self._mta_sts = mta_sts
         self._mta_sts_lock = threading.Lock()  # delivery threads ask for it at once
@@ -866,6 +866,14 @@ class Worker:
         finally:
             self.shaper.leave(entry, delivery)
 
+    def _following(self) -> FollowingTransport | None:
+        """``transport``, if it can begin the next item's transaction with a message's
+        final dot (asked of each transport once: a caller may replace it)."""
+        transport = self.transport
+        if self._follows is None or self._follows[0] is not transport:
+            self._follows = (transport, _takes_follow(transport))
+        return cast(FollowingTransport, transport) if self._follows[1] else None
+
     def _path_to(self, destination: Destination, envelope: Envelope) -> _Path | Delivery:
         """Return the route and hosts of ``destination`` under its MTA-STS policy, or the
         ``Delivery`` that decides ``envelope`` without a session (DNS, no allowed host)."""
@@ -893,8 +901,8 @@ class Worker:
         route, hosts = path.route, path.hosts
         if not reuse:
             delivery = self.transport.deliver(envelope, route=route, hosts=hosts, reuse=False)
-        elif follow is not None and self._following is not None:
-            delivery = self._following.deliver(envelope, route=route, hosts=hosts, follow=follow)
+        elif follow is not None and (following := self._following()) is not None:
+            delivery = following.deliver(envelope, route=route, hosts=hosts, follow=follow)
         else:
             delivery = self.transport.deliver(envelope, route=route, hosts=hosts)
         if delivery.option_error is not None:

@@ -5,14 +5,20 @@ trip. Counted from the server's side, as the reads of its connection, never time
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 import pytest
 from django.core.mail import EmailMessage
+from django.db import connections
 from django.test import override_settings
+from django.utils import timezone
+from prometheus_client import CollectorRegistry
 
 from bumail_queue import queue
 from bumail_queue.items import RecipientStatus
+from bumail_queue.metrics.worker import WorkerMetrics
 from bumail_queue.models import DeliveryLog
+from bumail_queue.worker import Worker
 from tests.helpers import smarthost, wait_until
 from tests.servers.dns import DNSZone
 
@@ -134,3 +140,122 @@ def test_the_default_settings_give_one_destination_twenty_sessions_at_once(smtp_
     # a connection of its own; the other five went on those connections afterwards.
     assert smtp_server.connections == 20
     assert smtp_server.most_held == 20
+
+
+def followed(server) -> list[bool]:
+    """For each MAIL after the first, whether it came in one read with the final dot before it."""
+    mails = [c.read for c in server.commands if c.verb == "MAIL"]
+    dots = [m.read for m in server.messages]
+    return [mail == dot for mail, dot in zip(mails[1:], dots, strict=False)]
+
+
+def test_no_follower_goes_to_a_destination_shaping_limits_and_its_rate_holds(smtp_server, dns_server):
+    # RATE is a token a session: a follower would go on its predecessor's session without
+    # one. With the clock still, the bucket's 5 tokens are all there is: 5 messages go,
+    # each asking for its own, though the server offers PIPELINING and 7 more wait.
+    dns_server.zone = DNSZone(
+        {"example.test": {"MX": [(10, "mx1.example.test")]}, "mx1.example.test": {"A": ["127.0.0.1"]}}
+    )
+    settings = {
+        "HOSTNAME": "mta.example.com",
+        **dns_server.queue_settings(smtp_server.port),
+        "DOMAIN_CONCURRENCY": 1,
+        "SHAPING": {"example.test": {"RATE": "5/s"}},
+    }
+    with override_settings(BUMAIL_QUEUE=settings):
+        enqueue(12, domain="example.test")
+        stats = queue.deliver_due(now=timezone.now() + timedelta(seconds=1))
+        assert queue.count() == 7
+
+    assert (stats.items, stats.delivered, stats.held) == (5, 5, 7)
+    assert len(smtp_server.messages) == 5
+    assert smtp_server.connections == 1  # the connection is reused, each message on its own permit
+    assert followed(smtp_server) == [False] * 4
+
+
+def test_without_shaping_at_that_destination_its_items_follow(smtp_server, dns_server):
+    # The same, shaping another destination: the session passes from item to item.
+    dns_server.zone = DNSZone(
+        {"example.test": {"MX": [(10, "mx1.example.test")]}, "mx1.example.test": {"A": ["127.0.0.1"]}}
+    )
+    settings = {
+        "HOSTNAME": "mta.example.com",
+        **dns_server.queue_settings(smtp_server.port),
+        "DOMAIN_CONCURRENCY": 1,
+        "SHAPING": {"elsewhere.test": {"RATE": "5/s"}},
+    }
+    with override_settings(BUMAIL_QUEUE=settings):
+        enqueue(12, domain="example.test")
+        stats = queue.deliver_due(now=timezone.now() + timedelta(seconds=1))
+
+    assert (stats.items, stats.delivered, stats.held) == (12, 12, 0)
+    assert followed(smtp_server) == [True] * 11
+
+
+def test_an_item_with_a_suppressed_recipient_follows_and_that_recipient_still_fails_at_once(smtp_servers):
+    server, senders = smtp_servers(), smtp_servers()
+    to_senders = {"TYPE": "smarthost", "HOST": "127.0.0.1", "PORT": senders.port, "TLS": "none"}
+    settings = smarthost(server, DOMAIN_CONCURRENCY=1, ROUTES={"sender.test": to_senders})
+    with override_settings(BUMAIL_QUEUE=settings):
+        queue.suppress("gone@example.org", note="bounced elsewhere")
+        for i in range(4):
+            to = [f"user{i}@example.org", "gone@example.org"]
+            queue.enqueue(EmailMessage(f"Note {i}", "Hello.", "app@sender.test", to))
+        queue.deliver_due()
+        assert queue.count() == 0
+
+    assert sorted(m.rcpt_tos[0] for m in server.messages) == [f"user{i}@example.org" for i in range(4)]
+    assert all(len(m.rcpt_tos) == 1 for m in server.messages)
+    assert not [c for c in server.commands if "gone@" in c.arg]
+    assert server.connections == 1
+    assert followed(server) == [True] * 3  # the suppressed recipient kept none from following
+    failed = DeliveryLog.objects.filter(recipient="gone@example.org")
+    assert [(entry.status, entry.reply_code, entry.reply_status) for entry in failed] == [("failed", None, "5.7.1")] * 4
+    assert all("Recipient address suppressed until" in entry.reply_text for entry in failed)
+    assert len(senders.messages) == 4  # a failure DSN for each
+
+
+def test_a_followers_session_and_its_claim_are_measured(smtp_server):
+    registry = CollectorRegistry()
+    with override_settings(BUMAIL_QUEUE=smarthost(smtp_server, DOMAIN_CONCURRENCY=1)):
+        enqueue(N)
+        stats = Worker(meter=WorkerMetrics(registry=registry)).run_until_idle()
+
+    assert stats.delivered == N
+    assert followed(smtp_server) == [True] * (N - 1)
+    assert registry.get_sample_value("bumail_queue_session_duration_seconds_count") == N
+    assert registry.get_sample_value("bumail_queue_claim_batch_size_sum") == N
+    delivered = {"outcome": "delivered", "reply_class": "2xx", "domain": "other"}
+    assert registry.get_sample_value("bumail_queue_attempts_total", delivered) == N
+
+
+def test_a_stopping_worker_takes_no_follower_and_gives_the_rest_back(smtp_server):
+    smtp_server.hold_dots = True
+    with override_settings(BUMAIL_QUEUE=smarthost(smtp_server, DOMAIN_CONCURRENCY=1)):
+        ids = enqueue(5)
+        worker = Worker()
+
+        def run():
+            try:
+                worker.run()
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        try:
+            # The first dot went with the next item's commands, and waits for its reply.
+            assert wait_until(lambda: smtp_server.held == 1)
+            worker.stop()
+        finally:
+            smtp_server.hold_dots = False
+            thread.join(30)
+        assert not thread.is_alive()
+        left = [item for item in map(queue.get, ids) if item is not None]
+
+    # The follower taken before the stop was delivered; its own dot went alone.
+    assert len(smtp_server.messages) == 2
+    assert followed(smtp_server) == [True]
+    assert smtp_server.verbs() == ["EHLO"] + ["MAIL", "RCPT", "DATA"] * 2 + ["QUIT"]
+    assert len(left) == 3
+    assert [(item.attempts, item.lease_owner) for item in left] == [(0, None)] * 3
