@@ -149,25 +149,32 @@ def followed(server) -> list[bool]:
     return [mail == dot for mail, dot in zip(mails[1:], dots, strict=False)]
 
 
-def test_no_follower_goes_to_a_destination_shaping_limits_and_its_rate_holds(smtp_server, dns_server):
-    # RATE is a token a session: a follower would go on its predecessor's session without
-    # one. With the clock still, the bucket's 5 tokens are all there is: 5 messages go,
-    # each asking for its own, though the server offers PIPELINING and 7 more wait.
+def drain_shaped(dns_server, server, pattern):
+    """Queue 12 messages to example.test, whose MX host is ``server``, one session at a
+    time, with a RATE of 5/s on ``pattern``; drain them once with the clock still and
+    return the stats and how many items are left."""
     dns_server.zone = DNSZone(
         {"example.test": {"MX": [(10, "mx1.example.test")]}, "mx1.example.test": {"A": ["127.0.0.1"]}}
     )
     settings = {
         "HOSTNAME": "mta.example.com",
-        **dns_server.queue_settings(smtp_server.port),
+        **dns_server.queue_settings(server.port),
         "DOMAIN_CONCURRENCY": 1,
-        "SHAPING": {"example.test": {"RATE": "5/s"}},
+        "SHAPING": {pattern: {"RATE": "5/s"}},
     }
     with override_settings(BUMAIL_QUEUE=settings):
         enqueue(12, domain="example.test")
         stats = queue.deliver_due(now=timezone.now() + timedelta(seconds=1))
-        assert queue.count() == 7
+        return stats, queue.count()
 
-    assert (stats.items, stats.delivered, stats.held) == (5, 5, 7)
+
+def test_no_follower_goes_to_a_destination_shaping_limits_and_its_rate_holds(smtp_server, dns_server):
+    # RATE is a token a session: a follower would go on its predecessor's session without
+    # one. With the clock still, the bucket's 5 tokens are all there is: 5 messages go,
+    # each asking for its own, though the server offers PIPELINING and 7 more wait.
+    stats, left = drain_shaped(dns_server, smtp_server, "example.test")
+
+    assert (stats.items, stats.delivered, stats.held, left) == (5, 5, 7, 7)
     assert len(smtp_server.messages) == 5
     assert smtp_server.connections == 1  # the connection is reused, each message on its own permit
     assert followed(smtp_server) == [False] * 4
@@ -175,20 +182,9 @@ def test_no_follower_goes_to_a_destination_shaping_limits_and_its_rate_holds(smt
 
 def test_without_shaping_at_that_destination_its_items_follow(smtp_server, dns_server):
     # The same, shaping another destination: the session passes from item to item.
-    dns_server.zone = DNSZone(
-        {"example.test": {"MX": [(10, "mx1.example.test")]}, "mx1.example.test": {"A": ["127.0.0.1"]}}
-    )
-    settings = {
-        "HOSTNAME": "mta.example.com",
-        **dns_server.queue_settings(smtp_server.port),
-        "DOMAIN_CONCURRENCY": 1,
-        "SHAPING": {"elsewhere.test": {"RATE": "5/s"}},
-    }
-    with override_settings(BUMAIL_QUEUE=settings):
-        enqueue(12, domain="example.test")
-        stats = queue.deliver_due(now=timezone.now() + timedelta(seconds=1))
+    stats, left = drain_shaped(dns_server, smtp_server, "elsewhere.test")
 
-    assert (stats.items, stats.delivered, stats.held) == (12, 12, 0)
+    assert (stats.items, stats.delivered, stats.held, left) == (12, 12, 0, 0)
     assert followed(smtp_server) == [True] * 11
 
 
