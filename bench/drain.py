@@ -1,9 +1,9 @@
-"""How fast one worker drains the queue to a local SMTP sink, beside plain smtplib.
+"""How fast one worker drains the queue to a local SMTP sink, and to a distant one.
 
     python bench/drain.py [--n N] [--concurrency C] [--postgres URL] [--redis URL] [--smtp-sink PATH] [--dkim]
-                          [--suppression] [--shaping]
+                          [--suppression] [--shaping] [--only local,distant] [--n-remote N] [--remote-delay-ms MS]
 
-One run, one Markdown table: for SQLite, PostgreSQL and Redis (with PostgreSQL as
+``local``: one Markdown table: for SQLite, PostgreSQL and Redis (with PostgreSQL as
 Django's database, which keeps the delivery log), ``queue.deliver_due()`` (the
 worker's own loop, claims, sessions and records) with connection reuse on and off,
 and, as the ceiling, plain ``smtplib`` sending the same messages over one connection
@@ -15,13 +15,21 @@ never reached, so that what they cost is the store's round trips alone: ``RATE``
 per session) beside the row with connection reuse on, ``CONCURRENCY`` (one before and
 one after each session, and no reuse) beside the row with reuse off. The sink is
 Postfix's ``smtp-sink`` on a loopback port.
-Compare the rows with each other only.
+
+``distant``: a second table, on PostgreSQL, with the worker's default settings, to
+``bench/distant_sink.py`` (aiosmtpd, in a process of its own): a smarthost that waits
+``--remote-delay-ms`` before each reply to a final dot (the peer harness's S6), and a
+server that far away on every round trip, each with and without PIPELINING. Its rows
+say what bounds a worker where waiting, not CPU, decides.
+
+Compare the rows of one table with each other only.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import shutil
 import smtplib
@@ -32,6 +40,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -160,6 +169,101 @@ def smtplib_round(n: int, port: int) -> float:
     return time.perf_counter() - started
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Distant:
+    """One row of the distant table: how the sink is far, and the worker's settings."""
+
+    what: str
+    every_round_trip: bool = False
+    pipelining: bool = True
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    share: int = 1  # the row drains n_remote / share messages (one connection is slow)
+
+
+def distant_rows(delay_ms: float) -> list[Distant]:
+    at_dot = f"{delay_ms:g} ms before each reply to the final dot"
+    away = f"{delay_ms:g} ms away (every round trip)"
+    return [
+        Distant(what=f"{at_dot}, no PIPELINING, DOMAIN_CONCURRENCY 5 (the former default)", pipelining=False,
+                settings={"DOMAIN_CONCURRENCY": 5}),
+        Distant(what=f"{at_dot}, no PIPELINING (the peer harness's S6)", pipelining=False),
+        Distant(what=f"{at_dot}, PIPELINING"),
+        Distant(what=f"{away}, PIPELINING", every_round_trip=True),
+        Distant(what=f"{away}, no PIPELINING", every_round_trip=True, pipelining=False),
+        Distant(what=f"{away}, PIPELINING, one connection (DOMAIN_CONCURRENCY 1)", every_round_trip=True,
+                settings={"DOMAIN_CONCURRENCY": 1}, share=10),
+        Distant(what=f"{away}, no PIPELINING, one connection", every_round_trip=True, pipelining=False,
+                settings={"DOMAIN_CONCURRENCY": 1}, share=10),
+    ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def distant_sink(port: int, row: Distant, delay_ms: float, counts: list[int]) -> Iterator[None]:
+    """Run ``bench/distant_sink.py`` on 127.0.0.1:port; stop it (by its pid) and put its counts in ``counts``."""
+    count_file = Path(tempfile.mkdtemp(prefix="bumail-distant-")) / "count"
+    command = [sys.executable, str(ROOT / "bench" / "distant_sink.py"), "--port", str(port)]
+    command += ["--delay-ms", str(delay_ms), "--count-file", str(count_file)]
+    command += ["--every-round-trip"] * row.every_round_trip + ["--no-pipelining"] * (not row.pipelining)
+    process = subprocess.Popen(command)
+    try:
+        wait_for_port(port)
+        yield
+    finally:
+        process.terminate()
+        process.wait(10)
+        counts.extend(int(x) for x in count_file.read_text().split())
+        shutil.rmtree(count_file.parent)
+
+
+def wait_for_port(port: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.05)
+
+
+def distant_round(database_url: str, n: int, port: int, extra: dict[str, Any]) -> tuple[float, float, int]:
+    """Enqueue n, then time one burst of the worker with its default settings but
+    ``extra``; return (seconds, the worker's CPU seconds, delivered)."""
+    setup_django(database_url)
+    from django.conf import settings as django_settings
+    from django.test.utils import override_settings
+
+    from bumail_queue.service import QueueService
+
+    reset_queue()
+    settings = {
+        **django_settings.BUMAIL_QUEUE,
+        "HOSTNAME": "bench.example.com",
+        "ROUTE": {"TYPE": "smarthost", "HOST": "127.0.0.1", "PORT": port, "TLS": "none"},
+        **extra,
+    }
+    with override_settings(BUMAIL_QUEUE=settings):
+        service = QueueService()
+        service.enqueue_many(messages(n))
+        settle()
+        started, cpu = time.perf_counter(), time.process_time()
+        stats = service.deliver_due()
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return seconds, cpu, stats.delivered
+
+
+def distant_table(postgres_url: str, n: int, delay_ms: float) -> list[str]:
+    lines = [
+        f"| distant sink, worker defaults, PostgreSQL, {n:,} messages | messages/s | worker CPU per message | check |",
+        "|---|---|---|---|",
+    ]
+    for row in distant_rows(delay_ms):
+        port, counts, count = free_port(), [], max(1, n // row.share)
+        with distant_sink(port, row, delay_ms, counts):
+            seconds, cpu, delivered = in_child(distant_round, postgres_url, count, port, row.settings)
+        check = "ok" if delivered == count and counts == [count, count] else f"delivered {delivered}, sink {counts}"
+        what = row.what + (f", {count:,} messages" if row.share > 1 else "")
+        lines.append(f"| {what} | {delivered / seconds:,.0f} | {cpu / max(delivered, 1) * 1000:.2f} ms | {check} |")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=2000)
@@ -176,8 +280,15 @@ def main() -> int:
     parser.add_argument(
         "--shaping", action="store_true", help="add rows with a SHAPING entry never reached: its round trips' cost"
     )
+    parser.add_argument("--only", default="local,distant", help="the tables to make: local, distant or both")
+    parser.add_argument("--n-remote", type=int, default=1000, help="messages of each distant row (default 1000)")
+    parser.add_argument("--remote-delay-ms", type=float, default=50, help="how far the distant sink is (default 50)")
     args = parser.parse_args()
-    if not Path(args.smtp_sink).exists():
+    only = set(args.only.split(","))
+    if not only <= {"local", "distant"}:
+        print(f"--only takes local, distant or both; got {args.only!r}", file=sys.stderr)
+        return 2
+    if "local" in only and not Path(args.smtp_sink).exists():
         print("smtp-sink not found (Debian: apt-get install postfix); give --smtp-sink PATH", file=sys.stderr)
         return 2
     port = free_port()
@@ -185,7 +296,14 @@ def main() -> int:
     postgres_url = postgres_bench_url(args.postgres)
     create_bench_database(args.postgres)
     rows = []
+    distant: list[str] = []
     try:
+        if "distant" in only:
+            in_child(migrate, postgres_url)
+            distant = distant_table(postgres_url, args.n_remote, args.remote_delay_ms)
+        if "local" not in only:
+            print("\n".join(distant))
+            return 0
         for url in (sqlite_url, postgres_url):
             in_child(migrate, url)
         with smtp_sink(args.smtp_sink, port):
@@ -250,6 +368,9 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     for what, database, concurrency, rate, check in rows:
         print(f"| {what} | {database} | {concurrency} | {rate:,.0f} | x{rate / best:.2f} | {check} |")
+    if distant:
+        print()
+        print("\n".join(distant))
     return 0
 
 

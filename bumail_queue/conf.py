@@ -47,7 +47,7 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "MX_PORT": 25,
     "DNS_NAMESERVERS": None,
     "CONCURRENCY": 20,
-    "DOMAIN_CONCURRENCY": 5,
+    "DOMAIN_CONCURRENCY": 20,
     "LEASE_SECONDS": 600,
     "MAX_AGE": timedelta(days=5),
     "DELAY_WARNING": timedelta(hours=4),

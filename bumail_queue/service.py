@@ -216,11 +216,13 @@ class QueueService:
             if ids is None
             else [builtins.list(ids[start : start + batch]) for start in range(0, len(ids), batch)]
         )
-        send = import_string(f"{tasks.module}.send")
 
         def send_all() -> None:
             for chunk in chunks:
                 try:
+                    # Imported here: the module makes its task as it is first imported, and a
+                    # backend that refuses the task's queue then is a refusal like any other.
+                    send = import_string(f"{tasks.module}.send")
                     send(chunk, settings=tasks, at=at)
                 except Exception as error:
                     what = "a delivery pass" if chunk is None else f"{len(chunk)} items"

@@ -23,6 +23,12 @@ threads, one per session (SMTP is I/O, and ``smtplib`` blocks). The loop:
 3. sleeps until a delivery ends, a session turns slow while items wait, the store
    announces new work, or ``POLL_SECONDS``.
 
+A delivery thread whose message's final dot is about to go on a kept connection to a
+server that offers PIPELINING takes a follower (``_take_follower``): the next waiting
+item for the same destination starts on that session, in its slot, its commands sent
+with the dot (RFC 2920), and the thread delivers it next: one round trip a message.
+Not at a destination ``SHAPING`` limits, where every session asks for its own room.
+
 A delivery thread hands its attempt to the recorder thread and takes the next item
 while the outcome is written: the recorder thread lets a batch fill while sessions
 are under way, and the ``Recorder`` writes it in one commit, then sends the signals
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 import os
 import queue as queue_module
@@ -45,6 +52,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Container, Sequence
 from datetime import UTC, datetime
+from typing import cast
 
 from django.db import connections
 from django.utils import timezone
@@ -52,7 +60,16 @@ from django.utils import timezone
 from bumail_queue.conf import QueueSettings, Route, get_settings
 from bumail_queue.delivery.dkim import Signatures
 from bumail_queue.delivery.dsn import header_block
-from bumail_queue.delivery.envelope import Delivery, Envelope, Host, Resolver, TLSSession, Transport
+from bumail_queue.delivery.envelope import (
+    Delivery,
+    Envelope,
+    Follow,
+    FollowingTransport,
+    Host,
+    Resolver,
+    TLSSession,
+    Transport,
+)
 from bumail_queue.delivery.mta_sts import AppliedPolicy, STSPolicies
 from bumail_queue.delivery.routes import Destination, group_by_destination
 from bumail_queue.delivery.tlsrpt import TLSReportCounter
@@ -163,6 +180,8 @@ class Worker:
         self.clock = clock
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not a secret
         self.transport = transport or self._default_transport()
+        # Whether the transport last seen can begin a transaction with a final dot.
+        self._follows: tuple[Transport, bool] | None = None
         self._resolver = resolver
         self._mta_sts = mta_sts
         self._mta_sts_lock = threading.Lock()  # delivery threads ask for it at once
@@ -454,6 +473,38 @@ class Worker:
         pending = [r.address for r in item.pending_recipients if r.address not in suppressed]
         return {d.limit_key for d in group_by_destination(pending, self.settings)}
 
+    def _take_follower(self, destination: Destination, path: _Path, handoff: _Handoff) -> Envelope | None:
+        """Start the next waiting item for ``destination`` on the session of the one
+        whose final dot is about to go, and return its envelope; ``None`` if none waits.
+
+        Called by the transport from a delivery thread. The follower takes over its
+        predecessor's session and its ``DOMAIN_CONCURRENCY`` slot: the destination gets
+        no more sessions than before, and its next message costs one round trip. Only
+        an item whose every recipient goes to ``destination`` (but those the claim found
+        suppressed, which fail without a session), and whose message was read with its
+        claim, follows: the thread then goes straight to the session, on ``path``.
+        """
+        key = destination.limit_key
+        with self._changed:
+            if self.stopping or handoff.follower is not None:
+                return None
+            for index, (item, keys) in enumerate(self._waiting):
+                if keys != {key} or (message := self._prefetched.get(item.id)) is None:
+                    continue
+                suppressed = self._suppressed.get(item.id, {})
+                addresses = [r.address for r in item.pending_recipients if r.address not in suppressed]
+                if list(group_by_destination(addresses, self.settings)) != [destination]:
+                    continue  # the same smarthost host and port, another route (user, TLS)
+                del self._waiting[index]
+                del self._prefetched[item.id]
+                self._in_flight[item.id] = item
+                self._sessions[item.id] = _Session(
+                    started=time.monotonic(), may_turn_slow=item.size <= SLOW_SESSION_MESSAGE_LIMIT
+                )
+                handoff.follower = _Follower(item=item, keys=keys, path=path, message=message)
+                return Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message)
+        return None
+
     def _start_what_fits(self, pool: ThreadPool) -> None:
         with self._changed:
             if self.stopping:
@@ -476,13 +527,16 @@ class Worker:
                 pool.submit(functools.partial(self._deliver, item, keys, pool))
             self._waiting = still_waiting
 
-    def _session_ended(self, item: QueueItem, keys: set[str], pool: ThreadPool, *, to_record: bool) -> None:
-        # The session's slots are free for the next item; the lease stays until recorded.
+    def _session_ended(
+        self, item: QueueItem, keys: set[str], pool: ThreadPool, *, to_record: bool, kept: set[str]
+    ) -> None:
+        # The session's slots are free for the next item, but those a follower took
+        # over with the session itself (``kept``); the lease stays until recorded.
         with self._changed:
             session = self._sessions.pop(item.id, None)
             if self.meter is not None and session is not None:
                 self.meter.session_ended(time.monotonic() - session.started)
-            self._busy.subtract(keys)
+            self._busy.subtract(keys - kept)
             self._busy += Counter()  # drop the keys that reached zero
             if to_record:
                 self._ended.add(item.id)
@@ -626,18 +680,27 @@ class Worker:
     # -- one item ---------------------------------------------------------------------
 
     def _deliver(self, item: QueueItem, keys: set[str], pool: ThreadPool) -> None:
-        attempt = None
-        try:
-            attempt = self.attempt(item)
-        except QueueError as error:  # the store is down: said once, the lease brings the item back
-            report_error(error, item.id)
-        except Exception as error:  # a bug: the lease brings the item back
-            logger.exception("delivery failed item=%s", item.id, extra={"action": "error", "item_id": item.id})
-            report_error(error, item.id)
-        finally:
-            self._session_ended(item, keys, pool, to_record=attempt is not None)
-        if attempt is not None:
-            self._to_record.put(attempt)
+        # Then, on the same session, each follower that took it over as its
+        # predecessor's final dot went (see _take_follower).
+        follower: _Follower | None = None
+        while True:
+            handoff = _Handoff()
+            attempt = None
+            try:
+                attempt = self._attempt(item, follower=follower, handoff=handoff)
+            except QueueError as error:  # the store is down: said once, the lease brings the item back
+                report_error(error, item.id)
+            except Exception as error:  # a bug: the lease brings the item back
+                logger.exception("delivery failed item=%s", item.id, extra={"action": "error", "item_id": item.id})
+                report_error(error, item.id)
+            finally:
+                kept = handoff.follower.keys if handoff.follower is not None else set()
+                self._session_ended(item, keys, pool, to_record=attempt is not None, kept=kept)
+            if attempt is not None:
+                self._to_record.put(attempt)
+            if (follower := handoff.follower) is None:
+                return
+            item, keys = follower.item, follower.keys
 
     def _record_loop(self) -> None:
         # Every attempt that ended while the last batch was written goes in the next.
@@ -677,9 +740,17 @@ class Worker:
 
         Those the claim found on the suppression list fail at once, untried.
         """
+        return self._attempt(item)
+
+    def _attempt(
+        self, item: QueueItem, *, follower: _Follower | None = None, handoff: _Handoff | None = None
+    ) -> Attempt | None:
+        """``attempt()``; a ``follower`` goes on the session its predecessor left it, and
+        the item that takes over this one's session, if one does, is put in ``handoff``."""
         with self._changed:
-            message = self._prefetched.pop(item.id, None)
+            prefetched = self._prefetched.pop(item.id, None)
             suppressed = self._suppressed.pop(item.id, {})
+        message = follower.message if follower is not None else prefetched
         if message is None:
             close_broken_connections()  # the only database use of a delivery thread
             message = self.store.read_message(item.id)
@@ -700,9 +771,15 @@ class Worker:
         tls: dict[str, bool] = {}
         held: list[Held] = []
         pending = [r.address for r in item.pending_recipients if r.address not in suppressed]
-        for destination, addresses in group_by_destination(pending, self.settings).items():
+        groups = list(group_by_destination(pending, self.settings).items())
+        for index, (destination, addresses) in enumerate(groups):
+            envelope = Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message)
             delivery = self._deliver_to(
-                destination, Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message)
+                destination,
+                envelope,
+                path=follower.path if follower is not None else None,
+                # Only the last destination's session may pass to a follower.
+                handoff=handoff if index == len(groups) - 1 else None,
             )
             if isinstance(delivery, Held):
                 held.append(delivery)  # its recipients keep their state, not attempted
@@ -755,11 +832,56 @@ class Worker:
         attempt.result = dataclasses.replace(attempt.result, next_attempt_at=next_at)
         return attempt
 
-    def _deliver_to(self, destination: Destination, envelope: Envelope) -> Delivery | Held:
+    def _deliver_to(
+        self,
+        destination: Destination,
+        envelope: Envelope,
+        *,
+        path: _Path | None = None,
+        handoff: _Handoff | None = None,
+    ) -> Delivery | Held:
+        """Deliver ``envelope`` to ``destination`` (``Held`` when shaping has no room for
+        it). ``path``: a follower's, its predecessor's, looked up a moment ago. ``handoff``:
+        where the item that takes over the session goes, if one may."""
+        if path is None:
+            found = self._path_to(destination, envelope)
+            if isinstance(found, Delivery):
+                return found
+            path = found
+        shape = None if self.shaper is None else self.shaper.shape(destination, path.hosts)
+        if shape is None:
+            follow = None if handoff is None else functools.partial(self._take_follower, destination, path, handoff)
+            return self._send(envelope, path, follow=follow)
+        # Shaped: no follower. It would go out without a permit of its own (RATE counts
+        # every session, SUSPEND stops them), and a counted session ends with its slot.
+        assert self.shaper is not None
+        entry = self.shaper.enter(shape)
+        if isinstance(entry, Held):
+            return entry
+        delivery = None
+        try:
+            # A counted session keeps no idle connection: it ends with its slot.
+            delivery = self._send(envelope, path, reuse=not shape.limits.uses_slots)
+            return delivery
+        finally:
+            self.shaper.leave(entry, delivery)
+
+    def _following(self) -> FollowingTransport | None:
+        """``transport``, if it can begin the next item's transaction with a message's
+        final dot (asked of each transport once: a caller may replace it)."""
+        transport = self.transport
+        if self._follows is None or self._follows[0] is not transport:
+            self._follows = (transport, _takes_follow(transport))
+        return cast(FollowingTransport, transport) if self._follows[1] else None
+
+    def _path_to(self, destination: Destination, envelope: Envelope) -> _Path | Delivery:
+        """Return the route and hosts of ``destination`` under its MTA-STS policy, or the
+        ``Delivery`` that decides ``envelope`` without a session (DNS, no allowed host)."""
         route = destination.route
+        hosts: Sequence[Host]
         if route.type == "smarthost":
             assert route.host is not None and route.port is not None
-            hosts: Sequence[Host] = [Host(name=route.host, port=route.port)]
+            hosts = [Host(name=route.host, port=route.port)]
         else:
             assert destination.domain is not None
             found = self.resolver.destinations(destination.domain)
@@ -773,39 +895,22 @@ class Worker:
                 self._count_tls(policy, (), excluded=hosts)
                 return Delivery(outcomes=dict.fromkeys(envelope.recipients, policy.refusal(hosts)), remote_host=None)
             hosts = allowed
-        shape = None if self.shaper is None else self.shaper.shape(destination, hosts)
-        if shape is None:
-            return self._send(envelope, route, hosts, policy)
-        assert self.shaper is not None
-        entry = self.shaper.enter(shape)
-        if isinstance(entry, Held):
-            return entry
-        delivery = None
-        try:
-            # A counted session keeps no idle connection: it ends with its slot.
-            delivery = self._send(envelope, route, hosts, policy, reuse=not shape.limits.uses_slots)
-            return delivery
-        finally:
-            self.shaper.leave(entry, delivery)
+        return _Path(route=route, hosts=tuple(hosts), policy=policy)
 
-    def _send(
-        self,
-        envelope: Envelope,
-        route: Route,
-        hosts: Sequence[Host],
-        policy: AppliedPolicy | None,
-        *,
-        reuse: bool = True,
-    ) -> Delivery:
-        if reuse:
-            delivery = self.transport.deliver(envelope, route=route, hosts=hosts)
-        else:
+    def _send(self, envelope: Envelope, path: _Path, *, reuse: bool = True, follow: Follow | None = None) -> Delivery:
+        route, hosts = path.route, path.hosts
+        if not reuse:
             delivery = self.transport.deliver(envelope, route=route, hosts=hosts, reuse=False)
+        elif follow is not None and (following := self._following()) is not None:
+            delivery = following.deliver(envelope, route=route, hosts=hosts, follow=follow)
+        else:
+            delivery = self.transport.deliver(envelope, route=route, hosts=hosts)
         if delivery.option_error is not None:
             # The route's options were refused (4.3.5): the configuration is to fix.
             report_error(delivery.option_error, envelope.item_id)
-        if policy is not None:
-            self._count_tls(policy, delivery.tls_sessions)
+        if path.policy is not None:
+            # A follower's session was opened, and counted, by its predecessor's delivery.
+            self._count_tls(path.policy, delivery.tls_sessions)
         return delivery
 
     def _count_tls(
@@ -863,3 +968,40 @@ class _Session:
         # A small message goes out in a round trip or two: a session of one that has
         # run this long spends its time waiting for the peer's replies.
         return self.may_turn_slow and now >= self.turns_slow_at
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class _Path:
+    """How a destination's sessions go: its route and hosts as its MTA-STS policy leaves
+    them (the policy's TLS, only the MX hosts it allows), and that policy, for the TLS
+    reports (``None`` without one)."""
+
+    route: Route
+    hosts: tuple[Host, ...]
+    policy: AppliedPolicy | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class _Follower:
+    """An item started on the session its predecessor was ending: the same
+    destination, the same path, its message read with its claim."""
+
+    item: QueueItem
+    keys: set[str]
+    path: _Path
+    message: bytes
+
+
+@dataclasses.dataclass(slots=True)
+class _Handoff:
+    """The follower that took over the session of the item being delivered, if one did."""
+
+    follower: _Follower | None = None
+
+
+def _takes_follow(transport: Transport) -> bool:
+    """Return whether ``transport.deliver`` takes ``follow`` (a ``FollowingTransport``)."""
+    try:
+        return "follow" in inspect.signature(transport.deliver).parameters
+    except (TypeError, ValueError):  # a callable without a signature Python can read
+        return False

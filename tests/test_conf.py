@@ -49,7 +49,7 @@ def test_load_of_an_empty_dict_gives_every_default(monkeypatch):
     assert loaded.mx_port == 25
     assert loaded.dns_nameservers is None
     assert loaded.concurrency == 20
-    assert loaded.domain_concurrency == 5
+    assert loaded.domain_concurrency == 20
     assert loaded.lease_seconds == 600
     assert loaded.lease == timedelta(minutes=10)
     assert loaded.max_age == timedelta(days=5)

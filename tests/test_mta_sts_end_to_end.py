@@ -232,6 +232,34 @@ def test_enforce_passes_an_mx_host_with_a_bad_certificate_for_the_next_one(world
     assert [d["receiving-mx-hostname"] for d in policy["failure-details"]] == ["mx1.sts.test"]
 
 
+def test_a_follower_keeps_to_the_mx_hosts_and_the_tls_an_enforce_policy_allows(world):
+    # The first MX host, which the policy does not name, is never used: neither by the
+    # items that follow one another on mx2's connection (PIPELINING) nor by the one
+    # whose primed session ended with a 421, which takes a new connection to mx2.
+    excluded = world.mx_host("mx1.sts.test", tls=None)
+    allowed = world.mx_host("mx2.sts.test")
+    allowed.message_reply = ["250 2.0.0 Queued", "421 4.3.2 Shutting down", "250 2.0.0 Queued"]
+    world.publish("enforce", "mx2.sts.test")
+    settings = world.settings(DOMAIN_CONCURRENCY=1)
+    with override_settings(BUMAIL_QUEUE=settings):
+        items = [queue.enqueue(EmailMessage(f"Hi {n}", "Body", "me@sender.test", [RECIPIENT])) for n in range(4)]
+        queue.deliver_due()
+        left = [item for item in map(queue.get, [item.id for item in items]) if item is not None]
+
+    assert excluded.connections == 0
+    assert len(allowed.messages) == 3
+    assert [item.recipients[0].reply.status for item in left] == ["4.3.2"]  # deferred by the 421
+    assert allowed.connections == 2
+    assert allowed.verbs().count("STARTTLS") == 2
+    dots = {(m.connection, m.read) for m in allowed.messages}
+    mails = [(c.connection, c.read) for c in allowed.commands if c.verb == "MAIL"]
+    assert [mail in dots for mail in mails] == [False, True, False, False, True]  # the third: after the 421
+    assert world.dns.queries.count((DOMAIN, "MX")) == 1  # the first item's: the others went on its hosts
+    # Each verified session counted once, however many messages it carried.
+    [policy] = report(settings)[0]["policies"]
+    assert policy["summary"] == {"total-successful-session-count": 2, "total-failure-session-count": 0}
+
+
 # -- testing and none -----------------------------------------------------------------------
 
 

@@ -25,13 +25,16 @@ import threading
 from collections.abc import Callable, Sequence
 from email.parser import BytesHeaderParser
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dns.exception
-import dns.resolver
 from django.utils.module_loading import import_string
 
 from bumail_queue.conf import DKIMSigner, normalise_domain
+
+if TYPE_CHECKING:
+    # dnspython is imported where a key's publication is checked (manage.py queue_dkim):
+    # a worker that sends through a smarthost starts without it.
+    import dns.resolver
 
 __all__ = [
     "DKIMError",
@@ -149,6 +152,9 @@ def check_publication(key: DKIMKey, resolver: dns.resolver.Resolver, *, timeout:
 
 
 def _publication_problem(key: DKIMKey, name: str, resolver: dns.resolver.Resolver, timeout: float) -> str | None:
+    import dns.exception
+    import dns.resolver
+
     try:
         answer = resolver.resolve(name, "TXT", lifetime=timeout, search=False)
     except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):

@@ -1,13 +1,14 @@
 """What the delivery layer passes between its parts, and what the worker asks of it.
 
 The values: an ``Envelope`` to send, the ``Host``s to send it to (``Destinations``,
-found by a ``Resolver``), and the ``Delivery`` a ``Transport`` returns.
+found by a ``Resolver``), and the ``Delivery`` a ``Transport`` returns; ``Follow``,
+which a ``FollowingTransport`` calls for the next envelope of a session.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from bumail_queue.conf import Route
@@ -128,3 +129,24 @@ class Transport(Protocol):
     def close_idle(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+Follow = Callable[[], "Envelope | None"]
+"""Asked by a transport as an envelope's last message is about to end on a session it
+keeps: the next envelope for the same route and hosts, or ``None``."""
+
+
+class FollowingTransport(Transport, Protocol):
+    """A transport that can begin the next envelope's transaction with the last one's
+    final dot (``SMTPTransport``): the envelope ``follow`` returns must be the next one
+    the calling thread delivers, with the same route and hosts."""
+
+    def deliver(
+        self,
+        envelope: Envelope,
+        *,
+        route: Route,
+        hosts: Sequence[Host],
+        reuse: bool = True,
+        follow: Follow | None = None,
+    ) -> Delivery: ...

@@ -9,6 +9,7 @@ import pytest
 
 from bumail_queue.delivery.smtp import SMTPTransport
 from tests.helpers import timeouts
+from tests.servers.hostile_smtp import hostile_smtp  # noqa: F401 - the fixture, for this directory's tests
 from tests.servers.smtp import TestTLS
 
 
@@ -29,3 +30,9 @@ def transports(smtp_tls: TestTLS) -> Iterator[Callable[..., SMTPTransport]]:
     yield make
     for transport in made:
         transport.close()
+
+
+@pytest.fixture
+def transport(transports: Callable[..., SMTPTransport]) -> SMTPTransport:
+    """An ``SMTPTransport`` made by ``transports()`` with its defaults."""
+    return transports()

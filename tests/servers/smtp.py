@@ -21,15 +21,21 @@ client a moment ago) and records:
 - ``messages``: a :class:`ReceivedMessage` for each message the server accepted
   (``mail_from``, ``""`` for the null sender, ``mail_options`` such as ``["SIZE=123", "BODY=8BITMIME"]``,
   ``rcpt_tos``, ``data`` as received, dot-stuffing undone, ``connection``, and
-  ``received_at``, the ``time.monotonic()`` of its final dot);
+  ``read``, the read of the connection that brought its final dot, and ``received_at``,
+  the ``time.monotonic()`` of that dot);
 - ``connections``: how many TCP connections it accepted;
 - ``sessions_open`` and ``most_sessions``: how many sessions are open now, and the
   most that were open at once. A session is open from its connection until its QUIT
   (before the 221 goes out, so a client that waits for the 221 before starting
   another never seems to overlap it) or the connection's end;
-- ``commands``: a :class:`Command` (``connection``, ``verb``, ``arg``, ``at``: its
-  ``time.monotonic()``) per command received; an AUTH command's ``arg`` is only its mechanism;
+- ``commands``: a :class:`Command` (``connection``, ``verb``, ``arg``, ``read``, ``at``:
+  its ``time.monotonic()``) per command received; an AUTH command's ``arg`` is only its
+  mechanism. ``read`` numbers the reads of its connection (from 1): commands that came
+  in one write of a client that waits for its replies between writes share one;
 - ``logins``: the usernames that logged in.
+
+``open_connections()`` counts the connections open now; ``hang_up(reply=None)`` closes every open connection from the server's side, as an
+idle timeout does, after saying ``reply`` (``"421 4.4.2 Idle for too long"``) if given.
 
 Knobs, given to ``smtp_servers(...)`` or set as attributes at any time (a reply knob
 is read when its command arrives; ``size_limit``, ``smtputf8``, ``tls``, ``auth``
@@ -43,7 +49,9 @@ and ``auth_require_tls`` when a connection opens; ``implicit_tls`` at start):
     back to HELO) or HELO.
 ``starttls_reply``, ``auth_reply``, ``mail_reply``, ``rset_reply``, ``data_reply``
     Replace the reply to STARTTLS, AUTH, MAIL, RSET, DATA (``data_reply`` replaces the
-    ``354``). ``mail_reply`` starting with 2 still opens the transaction.
+    ``354``). ``mail_reply`` starting with 2 still opens the transaction. ``mail_reply``
+    and ``data_reply`` may be lists, for the successive MAILs or DATAs, the last one
+    repeating; a ``None`` in them is the usual reply.
 ``rcpt_replies``
     ``{address: reply}``, e.g. ``{"bad@x": "550 5.1.1 No such user", "later@x":
     "451 4.3.0 Try later", "full@x": "452 4.5.3 Too many recipients"}``; a list gives
@@ -54,6 +62,9 @@ and ``auth_require_tls`` when a connection opens; ``implicit_tls`` at start):
 ``message_reply``
     The reply after the final dot (``"250 2.0.0 Queued"``), or a list for the
     successive messages, its last one repeating.
+``hold_dots``
+    While ``True``, the reply to each final dot waits (``held`` counts the replies
+    waiting now, ``most_held`` the most at once); set it ``False`` to let them go.
 ``drop_at`` / ``stall_at`` and ``stall_seconds`` (30)
     A step at which the server closes the connection without a reply, or waits
     ``stall_seconds`` before going on: ``"greeting"``, ``"EHLO"``, ``"HELO"``,
@@ -127,16 +138,19 @@ class ReceivedMessage:
     rcpt_tos: list[str]
     data: bytes
     connection: int
+    read: int = 0
     received_at: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    """A command the server received, on its ``connection`` (numbered from 1)."""
+    """A command the server received, on its ``connection`` (numbered from 1), in the
+    ``read``-th read of that connection."""
 
     connection: int
     verb: str
     arg: str
+    read: int = 0
     at: float = 0.0  # time.monotonic() when it arrived
 
 
@@ -149,15 +163,16 @@ class SMTPTestServer:
     helo_reply: str | None = None
     starttls_reply: str | None = None
     auth_reply: str | None = None
-    mail_reply: str | None = None
+    mail_reply: str | list[str | None] | None = None
     rcpt_replies: dict[str, str | list[str]] = dataclasses.field(default_factory=dict)
     max_recipients: int | None = None
     rset_reply: str | None = None
-    data_reply: str | None = None
+    data_reply: str | list[str | None] | None = None
     message_reply: str | list[str] | None = None
     drop_at: str | None = None
     stall_at: str | None = None
     stall_seconds: float = 30.0
+    hold_dots: bool = False
     tls: ssl.SSLContext | None = None
     implicit_tls: bool = False
     auth: tuple[str, str] | None = None
@@ -174,6 +189,8 @@ class SMTPTestServer:
     commands: list[Command] = dataclasses.field(default_factory=list, init=False)
     logins: list[str] = dataclasses.field(default_factory=list, init=False)
     connections: int = dataclasses.field(default=0, init=False)
+    held: int = dataclasses.field(default=0, init=False)
+    most_held: int = dataclasses.field(default=0, init=False)
     sessions_open: int = dataclasses.field(default=0, init=False)
     most_sessions: int = dataclasses.field(default=0, init=False)
 
@@ -186,10 +203,32 @@ class SMTPTestServer:
         self._live: set[_ScriptedSMTP] = set()
         self._rcpt_seen: dict[str, int] = {}
         self._messages_seen = 0
+        self._seen: dict[str, int] = {}
 
     def verbs(self, connection: int | None = None) -> list[str]:
         """Return the verbs received, on one connection or on all."""
         return [c.verb for c in self.commands if connection is None or c.connection == connection]
+
+    def open_connections(self) -> int:
+        """Return how many connections are open now."""
+        return len(self._live)
+
+    def hang_up(self, reply: str | None = None) -> None:
+        """Close every open connection from the server's side, saying ``reply`` first if given."""
+        assert self._loop is not None
+        done = threading.Event()
+
+        def close_all() -> None:
+            for protocol in list(self._live):
+                if isinstance(protocol.transport, asyncio.WriteTransport):
+                    if reply is not None:
+                        protocol.transport.write(f"{reply}\r\n".encode())
+                    protocol.transport.close()
+            done.set()
+
+        self._loop.call_soon_threadsafe(close_all)
+        if not done.wait(10):
+            raise RuntimeError("the test SMTP server did not hang up")
 
     # -- running --------------------------------------------------------------------
 
@@ -266,6 +305,14 @@ class SMTPTestServer:
             reply = "452 4.5.3 Too many recipients"
         return reply or "250 2.1.5 OK"
 
+    def _scripted_reply(self, verb: str, reply: str | list[str | None] | None) -> str | None:
+        """The reply a knob gives to this ``verb``: its own, or its list's next."""
+        if isinstance(reply, list):
+            seen = self._seen.get(verb, 0)
+            self._seen[verb] = seen + 1
+            return reply[min(seen, len(reply) - 1)]
+        return reply
+
     def _message_reply(self) -> str:
         reply = self.message_reply
         if isinstance(reply, list):
@@ -311,7 +358,7 @@ class _Handler:
     ) -> str:
         if self.script.auth is not None and not session.authenticated:
             return "530 5.7.0 Authentication required"
-        reply = self.script.mail_reply or "250 2.1.0 OK"
+        reply = self.script._scripted_reply("MAIL", self.script.mail_reply) or "250 2.1.0 OK"
         if reply.startswith("2"):
             envelope.mail_from = address
             envelope.mail_options.extend(options)
@@ -330,6 +377,12 @@ class _Handler:
 
     async def handle_DATA(self, server: _ScriptedSMTP, session: Any, envelope: Any) -> str:
         await server.scripted("DATA_END")
+        if self.script.hold_dots:
+            self.script.held += 1
+            self.script.most_held = max(self.script.most_held, self.script.held)
+            while self.script.hold_dots:
+                await asyncio.sleep(0.01)
+            self.script.held -= 1
         reply = self.script._message_reply()
         if reply.startswith("2"):
             self.script.messages.append(
@@ -339,6 +392,7 @@ class _Handler:
                     rcpt_tos=list(envelope.rcpt_tos),
                     data=bytes(envelope.original_content),
                     connection=server.number,
+                    read=server.reads,
                     received_at=time.monotonic(),
                 )
             )
@@ -351,6 +405,7 @@ class _ScriptedSMTP(SMTP):
     def __init__(self, script: SMTPTestServer, number: int, loop: asyncio.AbstractEventLoop) -> None:
         self.script = script
         self.number = number
+        self.reads = 0
         self._greeted = False
         self._greeting_refused = False
         self._session_open = False
@@ -383,6 +438,10 @@ class _ScriptedSMTP(SMTP):
         if self._session_open:
             self._session_open = False
             self.script.sessions_open -= 1
+
+    def data_received(self, data: bytes) -> None:
+        self.reads += 1
+        super().data_received(data)
 
     def _check_login(self, server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> AuthResult:
         if self.script.auth is None or not isinstance(data, LoginPassword):
@@ -420,7 +479,7 @@ class _ScriptedSMTP(SMTP):
     async def _command(self, verb: str, arg: Any) -> bool:
         """Record a command and play the script; return whether the command goes on."""
         shown = (arg or "").split(" ")[0] if verb == "AUTH" else (arg or "")
-        self.script.commands.append(Command(self.number, verb, shown, time.monotonic()))
+        self.script.commands.append(Command(self.number, verb, shown, read=self.reads, at=time.monotonic()))
         if self._greeting_refused and verb != "QUIT":
             await self.push("503 5.5.1 Bad sequence of commands")
             return False
@@ -436,7 +495,7 @@ class _ScriptedSMTP(SMTP):
             await super().smtp_HELO(hostname)
 
     async def smtp_STARTTLS(self, arg: str) -> None:
-        self.script.commands.append(Command(self.number, "STARTTLS", arg or "", time.monotonic()))
+        self.script.commands.append(Command(self.number, "STARTTLS", arg or "", read=self.reads, at=time.monotonic()))
         if self.script.starttls_reply is not None:
             await self.push(self.script.starttls_reply)
             return
@@ -482,8 +541,9 @@ class _ScriptedSMTP(SMTP):
     async def smtp_DATA(self, arg: str) -> None:
         if not await self._command("DATA", arg):
             return
-        if self.script.data_reply is not None:
-            await self.push(self.script.data_reply)
+        data_reply = self.script._scripted_reply("DATA", self.script.data_reply)
+        if data_reply is not None:
+            await self.push(data_reply)
             return
         if self.script.drop_at == "MESSAGE" or self.script.stall_at == "MESSAGE":
             await self.push("354 End data with <CR><LF>.<CR><LF>")

@@ -131,7 +131,7 @@ class _Opener:
         except BaseException:
             conn.close()
             raise
-        return _Session(conn=conn, host=host, key=key)
+        return _Session(conn=conn, host=host, key=key, opened=self._clock(), clean=True)
 
     def _hello(self, conn: _Connection, host: Host, item_id: str, deadline: float) -> None:
         """EHLO, or HELO when EHLO gets a 5xx reply."""

@@ -11,6 +11,11 @@ from bumail_queue.delivery.envelope import Host
 from .connection import _Connection, _Steps
 from .tls import _Policy
 
+#: A connection is not reused once it has been open this long, however busy: Postfix's
+#: ``smtp_connection_reuse_time_limit``. New connections spread a busy destination's
+#: mail over its hosts again, and follow a change of its DNS.
+REUSE_TIME_LIMIT = 300.0
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Key:
@@ -29,8 +34,17 @@ class _Session:
     conn: _Connection
     host: Host
     key: _Key
+    opened: float = 0.0
     last_used: float = 0.0
-    reused: bool = False  # taken from the pool: its first transaction starts with RSET
+    # Taken from the pool, or handed on with a follower's commands: until its first reply
+    # is read, a failure means the server had gone, and nothing is decided.
+    reused: bool = False
+    # Between transactions (after EHLO, the reply to a final dot, or a 2xx to RSET): the
+    # next MAIL needs no RSET before it (RFC 5321 §4.1.1.4: the dot ends the transaction).
+    clean: bool = False
+    # The item whose MAIL, RCPT and DATA went with the last final dot: the session is
+    # that follower's, not the pool's, when the delivery that sent the dot ends.
+    held_for: str | None = None
 
 
 class _Pool:
@@ -55,7 +69,7 @@ class _Pool:
             idle = self._idle.get(key, [])
             while idle and found is None:
                 session = idle.pop()
-                if now - session.last_used <= self._reuse_seconds:
+                if now - session.last_used <= self._reuse_seconds and now - session.opened < REUSE_TIME_LIMIT:
                     found = session
                 else:
                     stale.append(session)
@@ -64,9 +78,13 @@ class _Pool:
         self._quit_all(stale)
         return found
 
+    def reusable(self, session: _Session) -> bool:
+        """Return whether ``session`` may take another transaction after this one."""
+        return self._reuse_seconds > 0 and self._clock() - session.opened < REUSE_TIME_LIMIT
+
     def give(self, session: _Session, *, keep: bool = True) -> None:
-        """Keep ``session`` for reuse, or QUIT it when none is kept, ``keep`` is false, or it is closed."""
-        if not keep or self._reuse_seconds <= 0 or session.conn.sock is None:
+        """Keep ``session`` for reuse, or QUIT it when none is kept, ``keep`` is false, it is closed or it is old."""
+        if not keep or session.conn.sock is None or not self.reusable(session):
             self._steps.quit(session.conn)
             return
         session.last_used = self._clock()
@@ -99,5 +117,4 @@ class _Pool:
             return sum(len(idle) for idle in self._idle.values())
 
     def _quit_all(self, sessions: Iterable[_Session]) -> None:
-        for session in sessions:
-            self._steps.quit(session.conn)
+        self._steps.quit_all(session.conn for session in sessions)

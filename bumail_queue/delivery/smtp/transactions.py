@@ -7,6 +7,8 @@ import dataclasses
 import logging
 import re
 import smtplib
+from collections.abc import Callable
+from typing import TypeVar
 
 from bumail_queue.addresses import envelope_form, needs_smtputf8
 from bumail_queue.delivery.dkim import DKIMError, Signatures
@@ -32,6 +34,8 @@ _LINE_END = re.compile(rb"\r\n|\r|\n")
 # The end of the header block (RFC 5322 §2.1): the first empty line.
 _HEADER_END = re.compile(rb"\r?\n\r?\n|\r\r")
 _LEADING_DOT = re.compile(rb"^\.", re.MULTILINE)
+
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -152,6 +156,42 @@ def _xtext(text: str) -> str:
     return "".join(c if "!" <= c <= "~" and c not in "+=" else "".join(f"+{b:02X}" for b in c.encode()) for c in text)
 
 
+@dataclasses.dataclass(slots=True)
+class _Plan:
+    """One envelope's transactions on one session, worked out before any command goes.
+
+    ``outcomes`` holds what is decided, before a command (a refused SMTPUTF8 or SIZE)
+    and as the replies come; ``todo`` the recipients the first transaction names.
+    """
+
+    item_id: str
+    message: _Message  # as this server is to get it: re-encoded, signed
+    args: _Arguments
+    smtputf8: bool
+    todo: list[str]
+    outcomes: dict[str, Outcome]
+
+    @property
+    def encoding(self) -> str:
+        """How the commands are written: UTF-8 only in an SMTPUTF8 transaction."""
+        return "utf-8" if self.smtputf8 else "ascii"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Opening:
+    """The commands that open a pipelined transaction: ``[RSET] MAIL RCPT... DATA``,
+    and the recipients whose ``RCPT`` is among them, in order."""
+
+    data: bytes
+    sent: list[str]
+    reset: bool
+
+
+#: Called as the final dot of a session's last transaction is about to go: the commands
+#: to send with it (the next transaction's, RFC 2920 §3.1), or ``None``.
+_Follow = Callable[[], bytes | None]
+
+
 class _Transactions:
     """Runs the transactions of an envelope on an open session, each step armed by ``steps``."""
 
@@ -159,25 +199,21 @@ class _Transactions:
         self._steps = steps
         self._signatures = signatures if signatures else None
 
-    def run(
-        self,
-        session: _Session,
-        envelope: Envelope,
-        message: _Message,
-        pending: list[str],
-        outcomes: dict[str, Outcome],
-        deadline: float,
-    ) -> None:
-        """Run transactions until every recipient of ``pending`` has an outcome."""
-        conn, item_id = session.conn, envelope.item_id
+    def plan(
+        self, session: _Session, envelope: Envelope, message: _Message, pending: list[str], outcomes: dict[str, Outcome]
+    ) -> _Plan:
+        """Work out ``envelope``'s transactions for ``session``'s server, deciding in
+        ``outcomes`` what cannot go to it: nothing is sent."""
+        conn = session.conn
         utf8 = conn.has_extn("smtputf8")
         if not utf8:
             self._refuse_utf8(session.host, envelope, message, pending, outcomes)
         todo = [r for r in pending if r not in outcomes]
-        message, refusal = self._fit(session, envelope.item_id, message, utf8=utf8)
-        if refusal is not None:
-            outcomes.update((r, refusal) for r in todo)
-            todo = []
+        if todo:
+            message, refusal = self._fit(session, envelope.item_id, message, utf8=utf8)
+            if refusal is not None:
+                outcomes.update((r, refusal) for r in todo)
+                todo = []
         options = []
         if conn.has_extn("size"):
             options.append(f"SIZE={message.size}")
@@ -195,34 +231,77 @@ class _Transactions:
             dsn=dsn,
             null_sender=not envelope.sender,
         )
+        return _Plan(
+            item_id=envelope.item_id, message=message, args=args, smtputf8=smtputf8, todo=todo, outcomes=outcomes
+        )
 
-        if conn.has_extn("pipelining"):
-            reset = session.reused
-            encoding = "utf-8" if smtputf8 else "ascii"
+    def run(
+        self,
+        session: _Session,
+        plan: _Plan,
+        deadline: float,
+        *,
+        follow: _Follow | None = None,
+        opened: _Opening | None = None,
+    ) -> None:
+        """Run ``plan``'s transactions until every recipient has an outcome.
+
+        ``follow`` gives the commands to send with the last transaction's final dot
+        (pipelining servers only). ``opened``: the first transaction's commands went
+        already, with the previous delivery's final dot; its replies are read first.
+        """
+        if session.conn.has_extn("pipelining"):
+            todo = plan.todo
             while todo:
-                todo = self._pipelined(
-                    session, envelope, message, todo, outcomes, deadline, args, encoding=encoding, reset=reset
-                )
-                reset = True
+                todo = self._pipelined(session, plan, todo, deadline, follow=follow, opened=opened)
+                opened = None
             return
-        first = True
+        conn, item_id, todo = session.conn, plan.item_id, plan.todo
         while todo:
-            if not first:
+            if not session.clean:
                 self._rset(session, item_id, deadline)
-            first = False
-            if smtputf8:
-                conn.command_encoding = "utf-8"  # RSET sets it back to ASCII
+            # smtplib writes commands in ASCII unless told; no RSET need come between two
+            # transactions now, so each one says which it is.
+            conn.command_encoding = plan.encoding
+            session.clean = False
             try:
-                code, raw = self._command(session, item_id, "mail", deadline, "MAIL", args.mail)
+                code, raw = self._first_reply(
+                    session, lambda: self._command(session, item_id, "mail", deadline, "MAIL", plan.args.mail)
+                )
             except ValueError as error:  # refused by smtplib, nothing was sent
                 reply = _own("5.1.7", f"smtplib refused the sender address: {error}")
-                outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=reply)) for r in todo)
+                plan.outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=reply)) for r in todo)
                 return
             if not 200 <= code < 300:
                 outcome = _outcome(code, raw)
-                outcomes.update((r, outcome) for r in todo)
+                plan.outcomes.update((r, outcome) for r in todo)
                 return
-            todo = self._recipients(session, envelope, message, todo, outcomes, deadline, args)
+            todo = self._recipients(session, plan, todo, deadline)
+
+    def opening(self, plan: _Plan, todo: list[str], *, reset: bool) -> _Opening | None:
+        """Return the commands that open a pipelined transaction for ``todo``, deciding in
+        ``plan.outcomes`` the addresses that cannot be written; ``None`` when no ``RCPT`` is left."""
+        try:
+            group = [f"MAIL {plan.args.mail}\r\n".encode(plan.encoding)]
+        except UnicodeEncodeError as error:
+            reply = _own("5.1.7", f"smtplib refused the sender address: {error}")
+            plan.outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=reply)) for r in todo)
+            return None
+        sent: list[str] = []
+        for recipient in todo:
+            try:
+                group.append(f"RCPT {plan.args.rcpt(recipient)}\r\n".encode(plan.encoding))
+            except UnicodeEncodeError as error:
+                reply = _own("5.1.3", f"smtplib refused the recipient address: {error}")
+                plan.outcomes[recipient] = Outcome(status=RecipientStatus.FAILED, reply=reply)
+                continue
+            sent.append(recipient)
+        if not sent:
+            return None
+        if reset:
+            group.insert(0, b"RSET\r\n")
+        group.append(b"DATA\r\n")
+        return _Opening(data=b"".join(group), sent=sent, reset=reset)
 
     def _fit(
         self, session: _Session, item_id: str, message: _Message, *, utf8: bool
@@ -275,6 +354,20 @@ class _Transactions:
         reply = _own("5.6.7", why)
         outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=reply)) for r in unsendable)
 
+    @staticmethod
+    def _first_reply(session: _Session, read: Callable[[], _T]) -> _T:
+        """Read the first reply of a session's transaction: on a session taken from the
+        pool or handed on, one that does not come (the server closed the connection,
+        said 421 or nothing) means the server had gone before anything was decided."""
+        try:
+            reply = read()
+        except (OSError, smtplib.SMTPException, _StepError) as error:
+            if session.reused:
+                raise _StaleConnectionError from error
+            raise
+        session.reused = False
+        return reply
+
     def _command(
         self, session: _Session, item_id: str, step: str, deadline: float, verb: str, args: str = ""
     ) -> tuple[int, bytes]:
@@ -305,61 +398,50 @@ class _Transactions:
             raise _StepError.protocol(code, raw, when=f"to {verb}")
         return code, raw
 
+    def _rset_reply(self, session: _Session, item_id: str, deadline: float) -> None:
+        """Read the reply to an ``RSET`` sent already; anything but 2xx raises."""
+        code, raw = self._reply(session, item_id, "mail", deadline, "RSET")
+        if not 200 <= code < 300:
+            raise _StepError.of_reply(code, raw, when="to RSET")
+        session.clean = True
+
     def _pipelined(
         self,
         session: _Session,
-        envelope: Envelope,
-        message: _Message,
+        plan: _Plan,
         todo: list[str],
-        outcomes: dict[str, Outcome],
         deadline: float,
-        args: _Arguments,
         *,
-        encoding: str,
-        reset: bool,
+        follow: _Follow | None,
+        opened: _Opening | None,
     ) -> list[str]:
         """One transaction with RFC 2920 pipelining: ``[RSET] MAIL RCPT... DATA`` in one
-        write, their replies read in order, then the message; return the recipients
-        left for another transaction (after a 452)."""
-        conn, item_id = session.conn, envelope.item_id
-        try:
-            group = [f"MAIL {args.mail}\r\n".encode(encoding)]
-        except UnicodeEncodeError as error:
-            reply = _own("5.1.7", f"smtplib refused the sender address: {error}")
-            outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=reply)) for r in todo)
-            return []
-        sent: list[str] = []
-        for recipient in todo:
+        write (or sent already: ``opened``), their replies read in order, then the
+        message; return the recipients left for another transaction (after a 452)."""
+        conn, item_id = session.conn, plan.item_id
+        if opened is None:
+            opened = self.opening(plan, todo, reset=not session.clean)
+            if opened is None:
+                return []
+            self._steps.arm(conn, "mail", deadline, "sending MAIL")
             try:
-                group.append(f"RCPT {args.rcpt(recipient)}\r\n".encode(encoding))
-            except UnicodeEncodeError as error:
-                reply = _own("5.1.3", f"smtplib refused the recipient address: {error}")
-                outcomes[recipient] = Outcome(status=RecipientStatus.FAILED, reply=reply)
-                continue
-            sent.append(recipient)
-        if not sent:
-            return []
-        if reset:
-            group.insert(0, b"RSET\r\n")
-        group.append(b"DATA\r\n")
-        self._steps.arm(conn, "mail", deadline, "sending MAIL")
-        try:
-            conn.send(b"".join(group))
-            if reset:
-                code, raw = self._reply(session, item_id, "mail", deadline, "RSET")
-                if not 200 <= code < 300:
-                    raise _StepError.of_reply(code, raw, when="to RSET")
-        except (OSError, smtplib.SMTPException, _StepError) as error:
-            if session.reused:
-                raise _StaleConnectionError from error
-            raise
-        session.reused = False
-        mail_code, mail_raw = self._reply(session, item_id, "mail", deadline, "MAIL", args.mail)
+                conn.send(opened.data)
+            except (OSError, smtplib.SMTPException) as error:
+                if session.reused:
+                    raise _StaleConnectionError from error
+                raise
+            session.clean = False
+        if opened.reset:
+            self._first_reply(session, lambda: self._rset_reply(session, item_id, deadline))
+            session.clean = False  # MAIL went with it
+        mail_code, mail_raw = self._first_reply(
+            session, lambda: self._reply(session, item_id, "mail", deadline, "MAIL", plan.args.mail)
+        )
         accepted: list[str] = []
         left: list[str] = []
         too_many: Outcome | None = None
-        for recipient in sent:
-            code, raw = self._reply(session, item_id, "rcpt", deadline, "RCPT", args.rcpt(recipient))
+        for recipient in opened.sent:
+            code, raw = self._reply(session, item_id, "rcpt", deadline, "RCPT", plan.args.rcpt(recipient))
             if not 200 <= mail_code < 300:
                 continue  # refused after a refused MAIL: the MAIL reply decides
             if code == 452:
@@ -368,41 +450,42 @@ class _Transactions:
             elif 200 <= code < 300:
                 accepted.append(recipient)
             else:
-                outcomes[recipient] = _outcome(code, raw)
+                plan.outcomes[recipient] = _outcome(code, raw)
         code, raw = self._reply(session, item_id, "data", deadline, "DATA")
         if not 200 <= mail_code < 300:
             outcome = _outcome(mail_code, mail_raw)
-            outcomes.update((r, outcome) for r in sent)
+            plan.outcomes.update((r, outcome) for r in opened.sent)
             left = []
-        elif too_many is not None and left == sent:
+        elif too_many is not None and left == opened.sent:
             # Not one recipient was decided: another transaction would get the same.
-            outcomes.update((r, too_many) for r in left)
+            plan.outcomes.update((r, too_many) for r in left)
             left = []
-        self._after_data(session, item_id, code, raw, message, accepted, outcomes, deadline)
+        # Only the last transaction's dot may carry the next delivery's commands.
+        self._after_data(session, plan, code, raw, accepted, deadline, follow=None if left else follow)
         return left
 
     def _after_data(
         self,
         session: _Session,
-        item_id: str,
+        plan: _Plan,
         code: int,
         raw: bytes,
-        message: _Message,
         accepted: list[str],
-        outcomes: dict[str, Outcome],
         deadline: float,
+        *,
+        follow: _Follow | None = None,
     ) -> None:
         """Act on the reply to DATA: send the message after a 354, else it decides ``accepted``."""
         if code == 354:
             if accepted:
-                self._send_message(session, item_id, message, accepted, outcomes, deadline)
+                self._send_message(session, plan, accepted, deadline, follow=follow)
             else:
-                self._end_empty_data(session, item_id, deadline)
+                self._end_empty_data(session, plan.item_id, deadline)
         elif 200 <= code < 300:
             raise _StepError.protocol(code, raw, when="to DATA")
         else:
             outcome = _outcome(code, raw)
-            outcomes.update((r, outcome) for r in accepted)
+            plan.outcomes.update((r, outcome) for r in accepted)
 
     def _end_empty_data(self, session: _Session, item_id: str, deadline: float) -> None:
         # DATA went with the recipients, every one was refused, and yet the server
@@ -410,28 +493,20 @@ class _Transactions:
         self._steps.arm(session.conn, "data_block", deadline, "ending an empty message")
         session.conn.send(b".\r\n")
         self._reply(session, item_id, "data_end", deadline, "DATA (empty)")
+        session.clean = True
 
-    def _recipients(
-        self,
-        session: _Session,
-        envelope: Envelope,
-        message: _Message,
-        todo: list[str],
-        outcomes: dict[str, Outcome],
-        deadline: float,
-        args: _Arguments,
-    ) -> list[str]:
+    def _recipients(self, session: _Session, plan: _Plan, todo: list[str], deadline: float) -> list[str]:
         """RCPT each of ``todo`` then DATA, in the open transaction; return the recipients left for another."""
-        item_id = envelope.item_id
+        item_id = plan.item_id
         accepted: list[str] = []
         left: list[str] = []
         too_many: Outcome | None = None
         for index, recipient in enumerate(todo):
             try:
-                code, raw = self._command(session, item_id, "rcpt", deadline, "RCPT", args.rcpt(recipient))
+                code, raw = self._command(session, item_id, "rcpt", deadline, "RCPT", plan.args.rcpt(recipient))
             except ValueError as error:  # refused by smtplib, nothing was sent
                 reply = _own("5.1.3", f"smtplib refused the recipient address: {error}")
-                outcomes[recipient] = Outcome(status=RecipientStatus.FAILED, reply=reply)
+                plan.outcomes[recipient] = Outcome(status=RecipientStatus.FAILED, reply=reply)
                 continue
             if code == 452:
                 too_many = _outcome(code, raw)
@@ -440,39 +515,41 @@ class _Transactions:
             if 200 <= code < 300:
                 accepted.append(recipient)
             else:
-                outcomes[recipient] = _outcome(code, raw)
+                plan.outcomes[recipient] = _outcome(code, raw)
         if too_many is not None and left == todo:
             # Not one recipient was decided: another transaction would get the same.
-            outcomes.update((r, too_many) for r in left)
+            plan.outcomes.update((r, too_many) for r in left)
             left = []
         if accepted:
             code, raw = self._command(session, item_id, "data", deadline, "DATA")
-            self._after_data(session, item_id, code, raw, message, accepted, outcomes, deadline)
+            self._after_data(session, plan, code, raw, accepted, deadline)
         elif not left:
-            self._rset(session, item_id, deadline)  # no DATA: close the transaction (the next one starts with RSET)
+            self._rset(session, item_id, deadline)  # no DATA: close the transaction at once
         return left
 
     def _rset(self, session: _Session, item_id: str, deadline: float) -> None:
-        code, raw = self._command(session, item_id, "mail", deadline, "RSET")
-        if not 200 <= code < 300:
-            raise _StepError.of_reply(code, raw, when="to RSET")
+        self._steps.arm(session.conn, "mail", deadline, "waiting for the reply to RSET")
+        session.conn.putcmd("RSET")
+        self._rset_reply(session, item_id, deadline)
 
     def _send_message(
-        self,
-        session: _Session,
-        item_id: str,
-        message: _Message,
-        accepted: list[str],
-        outcomes: dict[str, Outcome],
-        deadline: float,
+        self, session: _Session, plan: _Plan, accepted: list[str], deadline: float, *, follow: _Follow | None
     ) -> None:
-        """Send the message after a 354; its reply decides every accepted recipient."""
-        conn = session.conn
+        """Send the message after a 354; its reply decides every accepted recipient.
+
+        With ``follow``, what it gives goes in the same write as the final dot: the
+        next transaction's commands (RFC 2920 §3.1 lets the message open a group).
+        """
+        conn, item_id, message = session.conn, plan.item_id, plan.message
         view = memoryview(message.data)
+        followed = False
         for start in range(0, len(view), BLOCK_SIZE):
+            block: bytes | memoryview = view[start : start + BLOCK_SIZE]
+            if follow is not None and start + BLOCK_SIZE >= len(view) and (commands := follow()) is not None:
+                block, followed = bytes(block) + commands, True
             self._steps.arm(conn, "data_block", deadline, "sending the message")
             try:
-                conn.send(view[start : start + BLOCK_SIZE])
+                conn.send(block)
             except smtplib.SMTPServerDisconnected as error:
                 raise _lost(error, session.host, "while sending the message") from None
         self._steps.arm(conn, "data_end", deadline, "waiting for the reply to the message")
@@ -484,6 +561,8 @@ class _Transactions:
         if _status_of(code) is None:
             raise _StepError.protocol(code, raw, when="to the message")
         outcome = _outcome(code, raw)
-        outcomes.update((r, outcome) for r in accepted)
+        plan.outcomes.update((r, outcome) for r in accepted)
         if code == 421:
             raise _StepError.of_reply(code, raw, when="to the message")
+        # The dot ended this transaction; the follower's MAIL, sent with it, began the next.
+        session.clean = not followed
