@@ -7,7 +7,8 @@
 Django's database, which keeps the delivery log), ``queue.deliver_due()`` (the
 worker's own loop, claims, sessions and records) with connection reuse on and off,
 and, as the ceiling, plain ``smtplib`` sending the same messages over one connection
-with no queue at all. ``--dkim`` adds SQLite rows whose mail is signed with an
+with no queue at all. Each worker row also says how fast its messages were enqueued,
+one ``enqueue()`` each, as ``send_mail()`` makes them. ``--dkim`` adds SQLite rows whose mail is signed with an
 RSA-2048 or an Ed25519 key; ``--suppression`` adds, for each store, a row with
 ``SUPPRESSION`` off beside the default (on), the suppression list's cost.
 ``--shaping`` adds, for each store, the rows of a ``SHAPING`` entry whose limits are
@@ -110,8 +111,9 @@ def drain_round(
     redis_url: str | None = None,
     dkim: list[dict[str, str]] | None = None,
     extra: dict[str, object] | None = None,
-) -> tuple[str, float, int]:
-    """Enqueue n, then time one burst of the worker; return (store, seconds, delivered)."""
+) -> tuple[str, float, int, float]:
+    """Enqueue n one by one, as ``send_mail()`` does, then time one burst of the worker;
+    return (store, seconds of the burst, delivered, seconds of the enqueues)."""
     if redis_url is not None:
         os.environ["BENCH_REDIS_URL"] = redis_url  # the queue in Redis, Django's database beside it
     setup_django(database_url)
@@ -132,12 +134,16 @@ def drain_round(
     }
     with override_settings(BUMAIL_QUEUE=settings):
         service = QueueService()
-        service.enqueue_many(messages(n))
+        batch = messages(n)
+        began = time.perf_counter()
+        for message in batch:
+            service.enqueue(message)
+        enqueued = time.perf_counter() - began
         settle()
         started = time.perf_counter()
         stats = service.deliver_due()
         seconds = time.perf_counter() - started
-    return database_label(), seconds, stats.delivered
+    return database_label(), seconds, stats.delivered, enqueued
 
 
 def dkim_signer(algorithm: str) -> dict[str, str]:
@@ -308,13 +314,13 @@ def main() -> int:
             in_child(migrate, url)
         with smtp_sink(args.smtp_sink, port):
             baseline = in_child(smtplib_round, args.n, port)
-            rows.append(("plain smtplib, one connection, no queue", "-", 1, args.n / baseline, ""))
+            rows.append(("plain smtplib, one connection, no queue", "-", 1, args.n / baseline, None, ""))
             stores = [(sqlite_url, None), (postgres_url, None)]
             if args.redis != "none":
                 stores.append((postgres_url, args.redis))
             for url, redis_url in stores:
                 for reuse in (10.0, 0.0):
-                    label, seconds, delivered = in_child(
+                    label, seconds, delivered, enqueued = in_child(
                         drain_round, url, args.n, args.concurrency, reuse, port, redis_url
                     )
                     check = "ok" if delivered == args.n else f"only {delivered} delivered"
@@ -324,12 +330,13 @@ def main() -> int:
                             label,
                             args.concurrency,
                             delivered / seconds,
+                            args.n / enqueued,
                             check,
                         )
                     )
                     if args.shaping:
                         what, shaping = SHAPED[reuse > 0]
-                        label, seconds, delivered = in_child(
+                        label, seconds, delivered, enqueued = in_child(
                             drain_round,
                             url,
                             args.n,
@@ -341,33 +348,41 @@ def main() -> int:
                             {"SHAPING": shaping},
                         )
                         check = "ok" if delivered == args.n else f"only {delivered} delivered"
-                        rows.append((what, label, args.concurrency, delivered / seconds, check))
+                        rows.append((what, label, args.concurrency, delivered / seconds, args.n / enqueued, check))
             if args.suppression:
                 for url, redis_url in stores:
-                    label, seconds, delivered = in_child(
+                    label, seconds, delivered, enqueued = in_child(
                         drain_round, url, args.n, args.concurrency, 10.0, port, redis_url, None, {"SUPPRESSION": False}
                     )
                     check = "ok" if delivered == args.n else f"only {delivered} delivered"
                     rows.append(
-                        ("worker, reuse on, SUPPRESSION off", label, args.concurrency, delivered / seconds, check)
+                        (
+                            "worker, reuse on, SUPPRESSION off",
+                            label,
+                            args.concurrency,
+                            delivered / seconds,
+                            args.n / enqueued,
+                            check,
+                        )
                     )
             if args.dkim:
                 for algorithm in ("rsa-sha256", "ed25519-sha256"):
                     signer = dkim_signer(algorithm)
-                    label, seconds, delivered = in_child(
+                    label, seconds, delivered, enqueued = in_child(
                         drain_round, sqlite_url, args.n, args.concurrency, 10.0, port, None, [signer]
                     )
                     check = "ok" if delivered == args.n else f"only {delivered} delivered"
                     what = f"worker, reuse on, DKIM {algorithm}"
-                    rows.append((what, label, args.concurrency, delivered / seconds, check))
+                    rows.append((what, label, args.concurrency, delivered / seconds, args.n / enqueued, check))
     finally:
         drop_bench_database(args.postgres)
     best = rows[0][3]
     print(f"drain of {args.n} messages to smtp-sink on loopback; compare rows of this table only\n")
-    print("| what | store | concurrency | messages/s | of plain smtplib | check |")
-    print("|---|---|---|---|---|---|")
-    for what, database, concurrency, rate, check in rows:
-        print(f"| {what} | {database} | {concurrency} | {rate:,.0f} | x{rate / best:.2f} | {check} |")
+    print("| what | store | concurrency | messages/s | of plain smtplib | enqueued/s | check |")
+    print("|---|---|---|---|---|---|---|")
+    for what, database, concurrency, rate, enqueue_rate, check in rows:
+        enqueues = "-" if enqueue_rate is None else f"{enqueue_rate:,.0f}"
+        print(f"| {what} | {database} | {concurrency} | {rate:,.0f} | x{rate / best:.2f} | {enqueues} | {check} |")
     if distant:
         print()
         print("\n".join(distant))
