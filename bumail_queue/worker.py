@@ -52,7 +52,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Container, Sequence
 from datetime import UTC, datetime
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from django.db import connections
 from django.utils import timezone
@@ -70,7 +70,6 @@ from bumail_queue.delivery.envelope import (
     TLSSession,
     Transport,
 )
-from bumail_queue.delivery.mta_sts import AppliedPolicy, STSPolicies
 from bumail_queue.delivery.routes import Destination, group_by_destination
 from bumail_queue.delivery.tlsrpt import TLSReportCounter
 from bumail_queue.errors import QueueError
@@ -91,6 +90,9 @@ from bumail_queue.stores import QueueStore, get_store
 from bumail_queue.stores.base import WorkListener
 from bumail_queue.suppression import Suppression, suppressed_reply
 from bumail_queue.threads import ThreadPool
+
+if TYPE_CHECKING:
+    from bumail_queue.delivery.mta_sts import AppliedPolicy, STSPolicies
 
 __all__ = [
     "Attempt",
@@ -270,6 +272,10 @@ class Worker:
         if self._mta_sts is None and self.settings.mta_sts:
             with self._mta_sts_lock:
                 if self._mta_sts is None:  # one for all threads: one fetch per domain
+                    # Imported here: a worker whose mail all goes through smarthosts
+                    # starts without dnspython and urllib3 (a tenth of its start-up).
+                    from bumail_queue.delivery.mta_sts import STSPolicies
+
                     self._mta_sts = STSPolicies(
                         cache=self.store,
                         nameservers=self.settings.dns_nameservers,
