@@ -191,7 +191,7 @@ class StoreWithoutShaping(MemoryStore):
     supports_shaping = False
 
 
-def test_e031_when_the_store_keeps_no_buckets():
+def test_e029_when_the_store_keeps_no_buckets():
     store = f"{__name__}.StoreWithoutShaping"
     with override_settings(BUMAIL_QUEUE={"STORE": store, "SHAPING": {"*": {"CONCURRENCY": 2}}}):
         found = shaping_checks()
@@ -201,7 +201,7 @@ def test_e031_when_the_store_keeps_no_buckets():
         assert shaping_checks() == []
 
 
-def test_w010_when_a_pattern_is_behind_a_smarthost():
+def test_w008_when_a_pattern_is_behind_a_smarthost():
     relay = {"TYPE": "smarthost", "HOST": "relay.example.net", "PORT": 587}
     with override_settings(
         BUMAIL_QUEUE={
@@ -423,8 +423,10 @@ def test_an_item_held_back_keeps_its_state_counts_no_attempt_and_sends_no_signal
             second = service.enqueue(message("b@example.org"))
             now = soon()
             stats = service.deliver_due(now=now, transport=ScriptedTransport(), resolver=MXResolver())
-            held = service.get(second.id)
-            assert service.get(first.id) is None
+            # The two go on two delivery threads: whichever asks first takes the token.
+            left = [item for item in (service.get(first.id), service.get(second.id)) if item is not None]
+            assert len(left) == 1
+            (held,) = left
     finally:
         for name, receiver in zip(("delivered", "deferred", "failed"), receivers, strict=True):
             getattr(signals, name).disconnect(receiver)

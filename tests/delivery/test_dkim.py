@@ -42,12 +42,22 @@ def ed_signer(keys: TestKeys, selector: str = "ed1", domain: str = "example.com"
     return DKIMSigner(domain=domain, selector=selector, key=keys.ed25519_pem, algorithm="ed25519-sha256")
 
 
+def retired_signer(keys: TestKeys) -> DKIMSigner:
+    """The key a rotation retires: another key, under a selector of its own."""
+    return DKIMSigner(domain="example.com", selector="old2025", key=keys.rsa1024_pem, algorithm="rsa-sha256")
+
+
 @pytest.fixture
 def published(dns_server: LoopbackDNSServer, dkim_keys: TestKeys) -> LoopbackDNSServer:
     """The loopback DNS server, publishing the test keys' TXT records."""
     records = {
         f"{signer.selector}._domainkey.{signer.domain}": {"TXT": [public_key_record(load_key(signer))]}
-        for signer in (rsa_signer(dkim_keys), ed_signer(dkim_keys), rsa_signer(dkim_keys, "rsa2"))
+        for signer in (
+            rsa_signer(dkim_keys),
+            ed_signer(dkim_keys),
+            rsa_signer(dkim_keys, "rsa2"),
+            retired_signer(dkim_keys),
+        )
     }
     dns_server.zone = DNSZone(records)
     return dns_server
@@ -151,6 +161,22 @@ def test_two_signers_of_one_domain_dual_sign(smtp_server, published, signing, dk
     data = received(smtp_server)
     assert sorted(t[b"a"] for t in signatures_of(data)) == [b"ed25519-sha256", b"rsa-sha256"]
     assert verified(data, published) == [True, True]
+
+
+def test_during_a_key_rotation_both_selectors_sign_and_each_verifies(smtp_server, published, signing, dkim_keys):
+    deliver(signing(retired_signer(dkim_keys), rsa_signer(dkim_keys)), smtp_server)
+
+    data = received(smtp_server)
+    assert sorted(t[b"s"] for t in signatures_of(data)) == [b"old2025", b"rsa1"]
+    assert verified(data, published) == [True, True]
+
+
+def test_a_message_with_bare_line_feeds_is_signed_as_it_is_sent(smtp_server, published, signing, dkim_keys):
+    deliver(signing(rsa_signer(dkim_keys)), smtp_server, MESSAGE.replace(b"\r\n", b"\n"))
+
+    data = received(smtp_server)
+    assert b"\r\nSubject: Hello\r\n" in data
+    assert verified(data, published) == [True]
 
 
 def test_signatures_survive_the_7bit_conversion_for_a_server_without_8bitmime(

@@ -16,7 +16,7 @@ from datetime import date, timedelta
 
 import pytest
 from django.core import checks
-from django.core.mail import EmailMessage
+from django.core.mail import EmailMessage, send_mass_mail
 from django.db import transaction
 from django.test import override_settings
 from django_redis import get_redis_connection
@@ -586,6 +586,28 @@ def test_an_enqueue_inside_a_transaction_happens_on_commit(redis_settings):
             queue.enqueue(EmailMessage("Hi", "Body", "app@example.com", ["b@example.org"]))
             raise RuntimeError("rolled back")
         assert queue.count() == 1
+
+
+def scripts_run(client) -> int:
+    """How many Lua scripts the Redis server has run since it started."""
+    stats = client.info("commandstats")
+    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("eval", "evalsha"))
+
+
+def test_send_mass_mail_and_enqueue_many_are_one_script_whatever_the_batch(redis_servers):
+    server = redis_servers()  # a server of its own: no other test's scripts are counted
+    queue_settings = {"HOSTNAME": "mta.example.com", "STORE": "redis", "REDIS_CONNECTION": "own"}
+    with caches_with(own=server.url), override_settings(BUMAIL_QUEUE=queue_settings), use_queue_backend():
+        queue.enqueue(EmailMessage("warm-up", "Body", "app@example.com", ["w@example.org"]))  # checks the server once
+        client = server.client()
+        before = scripts_run(client)
+        send_mass_mail([(f"m{n}", "Hello.", "app@example.com", [f"m{n}@example.org"]) for n in range(200)])
+        queue.enqueue_many(
+            [EmailMessage(f"n{n}", "Body", "app@example.com", [f"n{n}@example.org"]) for n in range(200)]
+        )
+        assert scripts_run(client) - before == 2
+        assert queue.count() == 401
+        client.close()
 
 
 def test_a_view_whose_transaction_rolls_back_queues_nothing_in_redis(client, redis_settings):
