@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.models import ShapingBucket
 from bumail_queue.shaping import (
     SLOW_START_RESET_SECONDS,
@@ -37,6 +38,9 @@ from bumail_queue.shaping import (
 )
 
 TABLE = ShapingBucket._meta.db_table
+
+ENSURE_TRIES = 3
+"""How many times a request makes its bucket's row before it gives up."""
 
 
 class ORMWriter(Protocol):
@@ -159,11 +163,15 @@ def _take_sql(sql: _SQL) -> str:
 
 
 def _ensure_sql(sql: _SQL) -> str:
-    """A full bucket for a destination without a row (a first request, or one forgotten)."""
+    """A full bucket for a destination without a row (a first request, or one forgotten).
+
+    It is active from now: another worker's ``forget_idle`` between this statement and
+    the request it was made for must not take it for a bucket idle for an hour.
+    """
     return (
         f"INSERT INTO {TABLE} (key, tokens, tokens_at, window_size, slots, suspended_until, active_at, held, "
-        f"held_until, granted) VALUES (%(key)s, NULL, 0, NULL, {sql.json_param('no_slots')}, 0, 0, 0, 0, '') "
-        "ON CONFLICT (key) DO NOTHING"
+        f"held_until, granted) VALUES (%(key)s, NULL, 0, NULL, {sql.json_param('no_slots')}, 0, {sql.p('now')}, "
+        "0, 0, '') ON CONFLICT (key) DO NOTHING"
     )
 
 
@@ -232,15 +240,7 @@ class ORMShaping:
             "held_until": seconds(request.held_until) if request.held and request.held_until else 0.0,
             "request": uuid.uuid4().hex,
         }
-        with self.store._writing(single_statement=True) as cursor:
-            cursor.execute(self._sql("take"), params)
-            row = cursor.fetchone()
-        if row is None:  # no bucket yet: a full one, then the request again
-            with self.store._writing(single_statement=True) as cursor:
-                cursor.execute(self._sql("ensure"), {"key": request.key, "no_slots": "{}"})
-            with self.store._writing(single_statement=True) as cursor:
-                cursor.execute(self._sql("take"), params)
-                row = cursor.fetchone()
+        row = self._take_row(params)
         granted, tokens, window, slots, suspended_until = row
         live = [until for until in _slots(slots).values() if until > now]
         limit = limit_of(limits.concurrency, window)
@@ -254,6 +254,23 @@ class ORMShaping:
             retry = now + (1 - tokens) / rate.per_second
             return Permit(granted=False, reason="rate", retry_at=moment(retry), sessions=len(live), limit=limit)
         return Permit(granted=False, reason="concurrency", sessions=len(live), limit=limit)
+
+    def _take_row(self, params: dict[str, Any]) -> Any:
+        """Run the request on its bucket's row, making a full one first if there is none."""
+        for _ in range(ENSURE_TRIES):
+            with self.store._writing(single_statement=True) as cursor:
+                cursor.execute(self._sql("take"), params)
+                row = cursor.fetchone()
+            if row is not None:
+                return row
+            with self.store._writing(single_statement=True) as cursor:
+                cursor.execute(self._sql("ensure"), {"key": params["key"], "now": params["now"], "no_slots": "{}"})
+        # Deleted under each request: a store that forgets its rows this fast is not one
+        # to shape by, and the worker holds the item back as it would for a store down.
+        raise QueueError(
+            ErrorCode.STORE_UNAVAILABLE,
+            f"The shaping bucket of {params['key']!r} vanished {ENSURE_TRIES} times before it could be read.",
+        )
 
     def release(
         self,

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from bumail_queue.models import Item, Message
 from bumail_queue.service import QueueService
+from bumail_queue.shaping import Limits, PermitRequest, parse_rate
 from tests import processes
 from tests.factories import ItemFactory, NewItemFactory
 
@@ -236,3 +237,28 @@ def test_retry_items_is_one_update_and_a_select_when_some_are_left(orm_store, dj
     with django_assert_num_queries(2):
         done = orm_store.retry_items([*free, leased, "00000000-0000-4000-8000-000000000000"], now=now)
     assert (done.due, done.leased, done.missing) == (3, (leased,), ("00000000-0000-4000-8000-000000000000",))
+
+
+# -- shaping buckets ---------------------------------------------------------------------------
+
+
+def test_a_first_request_is_answered_when_another_worker_forgets_idle_buckets_meanwhile(orm_store):
+    """A destination's first request makes its bucket, then asks again; another worker's
+    ``forget_idle_destinations`` can run in between, and must not take the new bucket
+    for one idle for an hour."""
+    now = timezone.now()
+    forgot = []
+
+    def forget_after_the_bucket_is_made(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if "ON CONFLICT (key) DO NOTHING" in sql and not forgot:
+            forgot.append(orm_store.forget_idle_destinations(before=now - timedelta(hours=1), now=now))
+        return result
+
+    request = PermitRequest(key="new.example", limits=Limits(rate=parse_rate("10/s")), now=now)
+    with connection.execute_wrapper(forget_after_the_bucket_is_made):
+        permit = orm_store.take_permit(request)
+    assert forgot == [0]
+    assert permit.granted
+    (state,) = orm_store.destination_states(now=now)
+    assert state.key == "new.example"
