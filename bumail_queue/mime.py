@@ -30,6 +30,7 @@ from django.core.mail import EmailMessage
 from .addresses import check_mailbox, check_sender
 from .errors import ErrorCode, QueueError
 from .items import DEFAULT_CHANNEL, DEFAULT_PRIORITY, NewItem
+from .plain_text import plain_text_octets
 
 # RFC 5322 §2.2: a field name is printable US-ASCII (33-126) except the colon.
 _FIELD_NAME = re.compile(rb"[\x21-\x39\x3b-\x7e]+")
@@ -196,6 +197,9 @@ def from_email_message(
 ) -> Prepared:
     """Prepare a Django ``EmailMessage`` (any subclass).
 
+    A plain ASCII text message is written directly (``plain_text``), with the octets
+    Django's ``message()`` would give; every other message is built by Django.
+
     ``max_size`` applies to the message as generated; a message whose text and
     attachments alone exceed it is refused before it is generated.
     """
@@ -204,12 +208,14 @@ def from_email_message(
     # The envelope first: its errors name the address, where Django's would name a codec.
     envelope_from = envelope_sender(message.from_email if sender is None else sender)
     envelope_to = envelope_recipients(message.recipients() if recipients is None else recipients, limit=max_recipients)
-    try:
-        data = _flatten(message.message())
-    except _BUILD_ERRORS as error:
-        raise _invalid(f"The message cannot be queued: {error}") from error
-    check_size(len(data), max_size)
-    finished = finish_headers(data, hostname=hostname, now=now)
+    finished = plain_text_octets(message)
+    if finished is None:
+        try:
+            data = _flatten(message.message())
+        except _BUILD_ERRORS as error:
+            raise _invalid(f"The message cannot be queued: {error}") from error
+        check_size(len(data), max_size)
+        finished = finish_headers(data, hostname=hostname, now=now)
     check_size(len(finished), max_size)
     return Prepared(sender=envelope_from, recipients=envelope_to, data=finished)
 

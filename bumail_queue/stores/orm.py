@@ -69,10 +69,6 @@ _CLAIM_RACES = 50
 # The columns every new item starts with the same value in: the batch add writes them
 # in its statement rather than send a list of them.
 _STARTING_VALUES = {"attempts": "0", "delay_notified": "false", "rev": "0"}
-# The columns the add function takes, in its order (then the message).
-_FUNCTION_COLUMNS = (
-    "id", "key", "sender", "recipients", "size", "created_at", "next_attempt_at", "priority", "channel",
-)  # fmt: skip
 # The PostgreSQL type of each column the batch add sends a list of.
 _ARRAY_TYPES = {
     "id": "uuid", "key": "varchar", "sender": "text", "recipients": "jsonb", "size": "bigint",
@@ -143,6 +139,10 @@ class ORMStore(QueueStore):
         return self._prep("id", parsed)
 
     def _prep_message(self, data: bytes) -> Any:
+        if self.connection.vendor == "postgresql":
+            # The bytes as they are: psycopg adapts them in either binding, where the
+            # Binary wrapper Django's field adds costs an enqueue a sixth of its time.
+            return bytes(data)
         return Message._meta.get_field("data").get_db_prep_save(data, self.connection)
 
     def prep_time(self, value: datetime) -> Any:
@@ -315,12 +315,10 @@ class ORMStore(QueueStore):
         # The item and its message in one statement: one round trip, atomic by itself.
         # The migration's function when the database has it (its plan kept for the
         # session: a third less of the database's time), the same as one WITH otherwise.
-        values = self._insert_values(new)
         if connection_facts(self.connection).add_function:
-            sql = self._add_function_sql()
-            params = [*(values[INSERT_COLUMNS.index(c)] for c in _FUNCTION_COLUMNS), self._prep_message(new.message)]
+            sql, params = self._add_function_sql(), _add_function_arguments(new)
         else:
-            sql, params = self._add_one_sql(), [*values, self._prep_message(new.message)]
+            sql, params = self._add_one_sql(), [*self._insert_values(new), self._prep_message(new.message)]
         for _ in range(_KEY_RACES):
             with self._writing(single_statement=True, binding=True) as cursor:
                 cursor.execute(sql, params)
@@ -1137,6 +1135,28 @@ def _ends_at_domain(domain: str) -> str:
     """The ``LIKE`` pattern of an address at ``domain``: the text after its last ``@``
     is the domain, since a domain holds no ``@``."""
     return f"%@{orm_queries.escape_like(domain)}"
+
+
+def _add_function_arguments(new: NewItem) -> list[Any]:
+    """Return the add function's arguments as psycopg takes them as they are.
+
+    Its statement casts each one to its type (``_add_function_sql``), so the values need
+    none of the fields' adaptation: that, and Django's ``Binary`` and ``Jsonb`` wrappers,
+    were a third of an enqueue's time in the client.
+    """
+    recipients = json.dumps([Recipient(address=address).to_dict() for address in new.recipients])
+    return [
+        uuid.UUID(new.id),
+        new.key,
+        new.sender,
+        recipients,
+        new.size,
+        new.created_at,
+        new.next_attempt_at,
+        new.priority,
+        new.channel,
+        bytes(new.message),
+    ]
 
 
 def _taken_key(keyed: NewItem | QueueItem | Item) -> str:

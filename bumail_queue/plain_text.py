@@ -1,0 +1,122 @@
+"""The octets of the commonest message, written directly: plain ASCII text, no more.
+
+Most of what a site sends is ``send_mail(subject, text, from, [to])``: one ASCII
+``text/plain`` part, bare addresses, a short subject. For that message Django's
+``EmailMessage.message()`` and the email package's generator (folding, charset
+handling, address parsing) are most of an enqueue's time, and what they write is
+fixed: each header as given, on one line, and the text with its line ends made CRLF.
+
+``plain_text_octets`` writes exactly what Django's ``message()``, flattened, would
+write for such a message, on the Django that is installed (5.2 and 6.x differ in the
+order of two headers, the form of the date and the text's handling), and ``None``
+for every other message, which then takes the general path. The tests hold the two
+paths to the same octets on every supported Django.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+from datetime import UTC, datetime
+
+import django
+from django.conf import settings
+from django.core.mail import EmailMessage, EmailMultiAlternatives
+from django.core.mail.utils import DNS_NAME
+from django.utils import timezone
+
+# Django 6.0 builds with the email package's modern API (email.policy.default), which
+# writes the text part differently from Django 5.2's compat32 messages.
+_MODERN = django.VERSION >= (6, 0)
+_KINDS = (EmailMessage, EmailMultiAlternatives)
+# Printable ASCII words and single spaces: a header value no encoder or parser alters
+# ("=?" could be read back as an RFC 2047 encoded word, and is left to the email package).
+_PLAIN_VALUE = re.compile(r"[!-~]+(?: [!-~]+)*")
+# A bare dot-atom address with an ASCII domain: Django's address handling writes it
+# as it is (no display name to quote or encode, no IDNA to apply).
+_PLAIN_ADDRESS = re.compile(
+    r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
+    r"@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)+"
+)
+# Controls other than TAB, CR and LF: str.splitlines() breaks lines at some of them.
+_TEXT_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_LINE_ENDS = re.compile(r"\r\n|\r|\n")
+# A header that fits on one line is written unfolded by both of Django's generators.
+_ONE_LINE = 76
+# The longest text line each writes as 7bit: RFC 5322's 998 (Django 5.2), the modern
+# policy's max_line_length (Django 6.x); a longer line is quoted-printable.
+_MAX_7BIT_LINE = 78 if _MODERN else 998
+_HEAD = (
+    b'Content-Type: text/plain; charset="utf-8"\r\nContent-Transfer-Encoding: 7bit\r\nMIME-Version: 1.0\r\n'
+    if _MODERN
+    else b'Content-Type: text/plain; charset="utf-8"\r\nMIME-Version: 1.0\r\nContent-Transfer-Encoding: 7bit\r\n'
+)
+
+
+def plain_text_octets(message: EmailMessage) -> bytes | None:
+    """Return ``message`` as Django would generate it, or ``None`` when it is not a
+    plain ASCII text message with bare addresses and no headers of its own."""
+    if not _is_plain_kind(message):
+        return None
+    lines = _header_lines(message)
+    if lines is None:
+        return None
+    text = _text(message.body)
+    if text is None:
+        return None
+    lines.append(f"Date: {_date()}")
+    lines.append(f"Message-ID: {email.utils.make_msgid(domain=DNS_NAME)}")
+    return b"".join([_HEAD, "\r\n".join(lines).encode("ascii"), b"\r\n\r\n", text])
+
+
+def _is_plain_kind(message: EmailMessage) -> bool:
+    # The exact classes only: a subclass may build its message otherwise.
+    return (
+        type(message) in _KINDS
+        and not getattr(message, "alternatives", None)
+        and not message.attachments
+        and not message.extra_headers
+        and message.content_subtype == "plain"
+        and str(message.encoding or settings.DEFAULT_CHARSET).lower() == "utf-8"
+    )
+
+
+def _header_lines(message: EmailMessage) -> list[str] | None:
+    subject = message.subject
+    if type(subject) is not str or not _PLAIN_VALUE.fullmatch(subject) or "=?" in subject:
+        return None
+    if not _plain_addresses([message.from_email]):
+        return None
+    fields = [("Subject", subject), ("From", message.from_email)]
+    for name, addresses in (("To", message.to), ("Cc", message.cc), ("Reply-To", message.reply_to)):
+        if addresses:
+            if not _plain_addresses(addresses):
+                return None
+            fields.append((name, ", ".join(addresses)))
+    lines = [f"{name}: {value}" for name, value in fields]
+    return None if any(len(line) > _ONE_LINE for line in lines) else lines
+
+
+def _plain_addresses(addresses: object) -> bool:
+    return isinstance(addresses, list | tuple) and all(
+        type(address) is str and _PLAIN_ADDRESS.fullmatch(address) for address in addresses
+    )
+
+
+def _text(body: object) -> bytes | None:
+    if type(body) is not str or not body.isascii() or _TEXT_CONTROL.search(body):
+        return None
+    lines = _LINE_ENDS.split(body)
+    if max(map(len, lines)) > _MAX_7BIT_LINE:
+        return None
+    if _MODERN:
+        # The modern API writes the text's lines (str.splitlines), each ended.
+        return "".join(line + "\r\n" for line in body.splitlines()).encode("ascii") or b"\r\n"
+    return "\r\n".join(lines).encode("ascii")
+
+
+def _date() -> str:
+    if _MODERN:
+        zone = timezone.get_current_timezone() if settings.EMAIL_USE_LOCALTIME else UTC
+        return email.utils.format_datetime(datetime.now(zone))
+    return email.utils.formatdate(localtime=settings.EMAIL_USE_LOCALTIME)
