@@ -188,12 +188,16 @@ class NewItem:
         """Return the message's size in bytes."""
         return len(self.message)
 
+    def pending_recipients(self) -> list[Recipient]:
+        """Return the item's recipients as a store first keeps them: every one pending."""
+        return [Recipient(address=a) for a in self.recipients]
+
     def to_queue_item(self) -> QueueItem:
         """Return the item as a store holds it once added: every recipient pending."""
         return QueueItem(
             id=self.id,
             sender=self.sender,
-            recipients=[Recipient(address=a) for a in self.recipients],
+            recipients=self.pending_recipients(),
             size=self.size,
             created_at=self.created_at,
             next_attempt_at=self.next_attempt_at,

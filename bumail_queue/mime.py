@@ -30,7 +30,7 @@ from django.core.mail import EmailMessage
 from .addresses import check_mailbox, check_sender
 from .errors import ErrorCode, QueueError
 from .items import DEFAULT_CHANNEL, DEFAULT_PRIORITY, NewItem
-from .plain_text import plain_text_octets
+from .plain_text import LINE_ENDS, plain_text_octets
 
 # RFC 5322 §2.2: a field name is printable US-ASCII (33-126) except the colon.
 _FIELD_NAME = re.compile(rb"[\x21-\x39\x3b-\x7e]+")
@@ -52,8 +52,6 @@ _DROPPED_FIELDS = frozenset({b"bcc", b"resent-bcc", b"return-path"})
 # A long body line is re-encoded before it is sent; a header field is the caller's
 # to fold, and a field with no space to fold at cannot be.
 MAX_LINE = 998
-# A line end as the email package's generator finds them (email.generator.NLCRE).
-_LINE_ENDS = re.compile(r"\r\n|\r|\n")
 # What the email package may raise on input it cannot take: Django's BadHeaderError
 # (a header with CR/LF) is a ValueError, an undecodable header a HeaderParseError.
 _BUILD_ERRORS = (ValueError, UnicodeError, TypeError, LookupError, email.errors.MessageError)
@@ -175,7 +173,7 @@ class _Generator(BytesGenerator):
         # email package writes each line and each line end apart: the same bytes, for
         # a tenth of the calls (a message's body is most of its lines).
         if lines:
-            self.write(self._NL.join(_LINE_ENDS.split(lines)))  # type: ignore[attr-defined]
+            self.write(self._NL.join(LINE_ENDS.split(lines)))  # type: ignore[attr-defined]
 
 
 def _flatten(message: Any) -> bytes:

@@ -40,7 +40,8 @@ _PLAIN_ADDRESS = re.compile(
 )
 # Controls other than TAB, CR and LF: str.splitlines() breaks lines at some of them.
 _TEXT_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-_LINE_ENDS = re.compile(r"\r\n|\r|\n")
+#: A line end as the email package's generator finds them (email.generator.NLCRE).
+LINE_ENDS = re.compile(r"\r\n|\r|\n")
 # A header that fits on one line is written unfolded by both of Django's generators.
 _ONE_LINE = 76
 # The longest text line each writes as 7bit: RFC 5322's 998 (Django 5.2), the modern
@@ -106,13 +107,13 @@ def _plain_addresses(addresses: object) -> bool:
 def _text(body: object) -> bytes | None:
     if type(body) is not str or not body.isascii() or _TEXT_CONTROL.search(body):
         return None
-    lines = _LINE_ENDS.split(body)
+    lines = LINE_ENDS.split(body)
     if max(map(len, lines)) > _MAX_7BIT_LINE:
         return None
-    if _MODERN:
-        # The modern API writes the text's lines (str.splitlines), each ended.
-        return "".join(line + "\r\n" for line in body.splitlines()).encode("ascii") or b"\r\n"
-    return "\r\n".join(lines).encode("ascii")
+    if _MODERN and lines[-1] == "":
+        # The modern API ends every line, the last included: that end is there already.
+        lines.pop()
+    return ("\r\n".join(lines) + ("\r\n" if _MODERN else "")).encode("ascii")
 
 
 def _date() -> str:

@@ -35,7 +35,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from bumail_queue.conf import QueueSettings
 from bumail_queue.errors import ErrorCode, QueueError, first_line
 from bumail_queue.estimates import planner_estimate
-from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
+from bumail_queue.items import AttemptResult, NewItem, QueueItem
 from bumail_queue.models import Item, Message, MTASTSPolicy, TLSReportCount, item_from_row
 from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueGauges, QueueSummary, RetryResult
 from bumail_queue.shaping import DestinationState, Permit, PermitRequest, WindowChange
@@ -141,7 +141,8 @@ class ORMStore(QueueStore):
     def _prep_message(self, data: bytes) -> Any:
         if self.connection.vendor == "postgresql":
             # The bytes as they are: psycopg adapts them in either binding, where the
-            # Binary wrapper Django's field adds costs an enqueue a sixth of its time.
+            # Binary wrapper Django's field adds more than doubled the client's CPU for
+            # an add's statement (docs/stores.md, "Adding").
             return bytes(data)
         return Message._meta.get_field("data").get_db_prep_save(data, self.connection)
 
@@ -220,7 +221,7 @@ class ORMStore(QueueStore):
     def _insert_values(self, new: NewItem) -> builtins.list[Any]:
         # In INSERT_COLUMNS' order. Only the columns whose form differs between the
         # databases go through their field (a hot path: one call per enqueued message).
-        recipients = [Recipient(address=a).to_dict() for a in new.recipients]
+        recipients = [recipient.to_dict() for recipient in new.pending_recipients()]
         return [
             self._prep("id", uuid.UUID(new.id)),
             new.key,
@@ -1141,10 +1142,10 @@ def _add_function_arguments(new: NewItem) -> list[Any]:
     """Return the add function's arguments as psycopg takes them as they are.
 
     Its statement casts each one to its type (``_add_function_sql``), so the values need
-    none of the fields' adaptation: that, and Django's ``Binary`` and ``Jsonb`` wrappers,
-    were a third of an enqueue's time in the client.
+    none of the fields' adaptation, nor Django's ``Jsonb`` wrapper (``_prep_message``
+    says why the message goes as plain bytes).
     """
-    recipients = json.dumps([Recipient(address=address).to_dict() for address in new.recipients])
+    recipients = json.dumps([recipient.to_dict() for recipient in new.pending_recipients()])
     return [
         uuid.UUID(new.id),
         new.key,
@@ -1155,7 +1156,7 @@ def _add_function_arguments(new: NewItem) -> list[Any]:
         new.next_attempt_at,
         new.priority,
         new.channel,
-        bytes(new.message),
+        new.message,
     ]
 
 

@@ -57,7 +57,7 @@ from bumail_queue.errors import (
     QueueError,
     first_line,
 )
-from bumail_queue.items import AttemptResult, NewItem, QueueItem, Recipient
+from bumail_queue.items import AttemptResult, NewItem, QueueItem
 from bumail_queue.queries import GaugeTally, ItemState, QueueGauges, RetryResult, lane_order, scaled
 from bumail_queue.shaping import (
     SLOW_START_RESET_SECONDS,
@@ -269,7 +269,7 @@ class RedisStore(QueueStore):
                 new.id,
                 "" if new.key is None else f"={new.key}",
                 new.sender,
-                recipients_json(Recipient(address=address) for address in new.recipients),
+                recipients_json(new.pending_recipients()),
                 str(new.size),
                 micros(new.created_at),
                 micros(new.next_attempt_at),
