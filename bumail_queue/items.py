@@ -188,8 +188,10 @@ class NewItem:
         """Return the message's size in bytes."""
         return len(self.message)
 
+    @property
     def pending_recipients(self) -> list[Recipient]:
-        """Return the item's recipients as a store first keeps them: every one pending."""
+        """Return the item's recipients as a store first keeps them: every one pending
+        (``QueueItem.pending_recipients`` of the item once added)."""
         return [Recipient(address=a) for a in self.recipients]
 
     def to_queue_item(self) -> QueueItem:
@@ -197,7 +199,7 @@ class NewItem:
         return QueueItem(
             id=self.id,
             sender=self.sender,
-            recipients=self.pending_recipients(),
+            recipients=self.pending_recipients,
             size=self.size,
             created_at=self.created_at,
             next_attempt_at=self.next_attempt_at,

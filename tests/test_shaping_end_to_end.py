@@ -140,7 +140,8 @@ def test_a_slow_down_reply_suspends_the_destination_for_every_worker(smtp_server
             # worth: the one worker that knows of the suspension cannot take them all
             # before the others claim some and ask the store for room.
             enqueue(30, first=20)
-            assert (suspended_until() or _now()) > _now(), "the suspension ended before the new mail came"
+            ends = suspended_until()
+            assert ends is not None and ends > _now(), "the suspension ended before the new mail came"
             assert wait_until(lambda: len(recipients(server)) >= 50, 90), (
                 f"{len(recipients(server))} of 50 arrived:\n" + said_by(started)
             )

@@ -138,14 +138,6 @@ class ORMStore(QueueStore):
             return None
         return self._prep("id", parsed)
 
-    def _prep_message(self, data: bytes) -> Any:
-        if self.connection.vendor == "postgresql":
-            # The bytes as they are: psycopg adapts them in either binding, where the
-            # Binary wrapper Django's field adds more than doubled the client's CPU for
-            # an add's statement (docs/stores.md, "Adding").
-            return bytes(data)
-        return Message._meta.get_field("data").get_db_prep_save(data, self.connection)
-
     def prep_time(self, value: datetime) -> Any:
         """Return a time as this database's driver takes it in a raw statement."""
         return self.connection.ops.adapt_datetimefield_value(value)
@@ -221,7 +213,7 @@ class ORMStore(QueueStore):
     def _insert_values(self, new: NewItem) -> builtins.list[Any]:
         # In INSERT_COLUMNS' order. Only the columns whose form differs between the
         # databases go through their field (a hot path: one call per enqueued message).
-        recipients = [recipient.to_dict() for recipient in new.pending_recipients()]
+        recipients = [recipient.to_dict() for recipient in new.pending_recipients]
         return [
             self._prep("id", uuid.UUID(new.id)),
             new.key,
@@ -280,10 +272,11 @@ class ORMStore(QueueStore):
 
     def _add_batch_statement(self, items: Sequence[NewItem], *, _depth: int = 0) -> builtins.list[QueueItem]:
         # The items and their messages in one statement: one round trip, atomic by itself.
+        # The messages go as plain bytes, as in every PostgreSQL add (_add_function_arguments).
         rows = [self._insert_values(new) for new in items]
         given = [index for index, column in enumerate(INSERT_COLUMNS) if column not in _STARTING_VALUES]
         params = [[row[index] for row in rows] for index in given]
-        params += [[row[0] for row in rows], [self._prep_message(new.message) for new in items]]
+        params += [[row[0] for row in rows], [new.message for new in items]]
         with self._writing(single_statement=True, binding=True) as cursor:
             cursor.execute(self._add_batch_sql(), params)
             found = cursor.fetchone()
@@ -319,7 +312,7 @@ class ORMStore(QueueStore):
         if connection_facts(self.connection).add_function:
             sql, params = self._add_function_sql(), _add_function_arguments(new)
         else:
-            sql, params = self._add_one_sql(), [*self._insert_values(new), self._prep_message(new.message)]
+            sql, params = self._add_one_sql(), [*self._insert_values(new), new.message]
         for _ in range(_KEY_RACES):
             with self._writing(single_statement=True, binding=True) as cursor:
                 cursor.execute(sql, params)
@@ -1142,10 +1135,12 @@ def _add_function_arguments(new: NewItem) -> list[Any]:
     """Return the add function's arguments as psycopg takes them as they are.
 
     Its statement casts each one to its type (``_add_function_sql``), so the values need
-    none of the fields' adaptation, nor Django's ``Jsonb`` wrapper (``_prep_message``
-    says why the message goes as plain bytes).
+    none of the fields' adaptation, nor Django's ``Jsonb`` wrapper. The message goes as
+    plain bytes, which psycopg adapts in either binding, as it does in every add on
+    PostgreSQL: the ``Binary`` wrapper Django's field adds more than doubled the
+    client's CPU for an add's statement (docs/stores.md, "Adding").
     """
-    recipients = json.dumps([recipient.to_dict() for recipient in new.pending_recipients()])
+    recipients = json.dumps([recipient.to_dict() for recipient in new.pending_recipients])
     return [
         uuid.UUID(new.id),
         new.key,

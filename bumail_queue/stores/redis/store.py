@@ -269,7 +269,7 @@ class RedisStore(QueueStore):
                 new.id,
                 "" if new.key is None else f"={new.key}",
                 new.sender,
-                recipients_json(new.pending_recipients()),
+                recipients_json(new.pending_recipients),
                 str(new.size),
                 micros(new.created_at),
                 micros(new.next_attempt_at),
