@@ -440,9 +440,13 @@ def test_a_recipient_held_back_waits_while_the_others_of_its_item_go():
     settings = {**MX, "STORE": "memory", "SHAPING": {"slow.example": {"RATE": "1/h"}}}
     with override_settings(BUMAIL_QUEUE=settings):
         service = QueueService()
-        service.enqueue(message("x@slow.example"))  # takes the hour's token
+        service.enqueue(message("x@slow.example"))
+        # A minute on, so that the item queued after the first round is due in the second.
+        now = soon() + timedelta(minutes=1)
+        # Alone in its round: items of one round go on parallel threads, and whichever asked
+        # first would take the hour's token.
+        service.deliver_due(now=now, transport=ScriptedTransport(), resolver=MXResolver())
         item = service.enqueue(message("a@fast.example", "b@slow.example"))
-        now = soon()
         service.deliver_due(now=now, transport=ScriptedTransport(), resolver=MXResolver())
         kept = service.get(item.id)
     assert [(r.address, r.status) for r in kept.recipients] == [
