@@ -441,10 +441,10 @@ def test_a_recipient_held_back_waits_while_the_others_of_its_item_go():
     with override_settings(BUMAIL_QUEUE=settings):
         service = QueueService()
         service.enqueue(message("x@slow.example"))
-        # A minute on, so that the item queued after the first round is due in the second.
+        # x takes the hour's token alone in a first round (items of one round go on parallel
+        # threads, and whichever asked first would take it); a minute on, so that the item
+        # queued after that round is due in the second.
         now = soon() + timedelta(minutes=1)
-        # Alone in its round: items of one round go on parallel threads, and whichever asked
-        # first would take the hour's token.
         service.deliver_due(now=now, transport=ScriptedTransport(), resolver=MXResolver())
         item = service.enqueue(message("a@fast.example", "b@slow.example"))
         service.deliver_due(now=now, transport=ScriptedTransport(), resolver=MXResolver())
