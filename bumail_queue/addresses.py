@@ -8,6 +8,7 @@ allows it; whether a given server takes it is decided at delivery.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 import unicodedata
@@ -139,6 +140,9 @@ def domain_problem(domain: str) -> str | None:
     return _idna_problem(domain)
 
 
+# The answer depends on the address alone, and most mail comes from one sender: the
+# answers for the addresses seen lately are kept (a few microseconds an enqueue).
+@functools.lru_cache(maxsize=1024)
 def mailbox_problem(address: str) -> str | None:
     """Say what is wrong with ``address`` as an RFC 5321 mailbox, or return ``None``."""
     reason = unkeepable_reason(address)

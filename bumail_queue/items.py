@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
@@ -167,6 +168,12 @@ class QueueItem:
     def is_leased_at(self, now: datetime) -> bool:
         """Return whether a lease holds the item at ``now``."""
         return self.lease_owner is not None and self.lease_expires_at is not None and self.lease_expires_at > now
+
+
+def pending_recipients_json(addresses: Iterable[str]) -> str:
+    """Return the JSON form a store keeps of new recipients, every one pending: that of
+    ``[Recipient(address=a).to_dict() for a in addresses]``, without building them."""
+    return json.dumps([{"address": a, "status": RecipientStatus.PENDING.value, "reply": None} for a in addresses])
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

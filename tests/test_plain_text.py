@@ -7,9 +7,11 @@ writer to that Django's own ``message()``.
 from __future__ import annotations
 
 import re
+import zoneinfo
 
 import pytest
 from django.core.mail import EmailMessage, EmailMultiAlternatives
+from django.utils import timezone
 
 from bumail_queue.mime import _flatten, finish_headers
 from bumail_queue.plain_text import plain_text_octets
@@ -34,6 +36,7 @@ PLAIN = [
     pytest.param({"body": ""}, id="empty text"),
     pytest.param({"body": "no line end"}, id="no final line end"),
     pytest.param({"body": "a\r\nb\rc\n\n\n"}, id="mixed line ends and blank lines"),
+    pytest.param({"body": "a\r\r\nb\n\rc\r"}, id="a CR before a CRLF, an LF before a CR"),
     pytest.param({"body": "tab\there  \n trailing spaces \n"}, id="tabs and spaces"),
     pytest.param({"body": LINE * 40}, id="lines of 86 characters"),
     pytest.param({"body": "x" * 78 + "\n"}, id="a line of 78"),
@@ -81,6 +84,8 @@ def test_the_send_mail_shape_takes_the_direct_path():
         pytest.param({"subject": "x" * 70}, id="subject needing folding"),
         pytest.param({"body": "Grüße\n"}, id="non-ASCII text"),
         pytest.param({"body": "form\x0cfeed\n"}, id="a control in the text"),
+        pytest.param({"body": "nul\x00 and\n"}, id="a NUL in the text"),
+        pytest.param({"body": "delete\x7f\n"}, id="a DEL in the text"),
         pytest.param({"body": "x" * 999}, id="a line over 998"),
         pytest.param({"from_email": "Shop <shop@example.test>"}, id="display name"),
         pytest.param({"to": ["jörg@bücher.example"]}, id="non-ASCII address"),
@@ -126,3 +131,14 @@ def test_the_date_is_written_as_django_writes_it(settings, localtime):
     # The same zone and form; the seconds may differ by the time between the calls.
     assert mine.group(1)[-5:] == theirs.group(1)[-5:]
     assert mine.group(1)[:16] == theirs.group(1)[:16]
+
+
+def test_a_date_written_in_the_same_second_follows_a_change_of_zone(settings):
+    # The direct writer keeps the last Date it wrote for the second it is in.
+    settings.EMAIL_USE_LOCALTIME = True
+    for zone in ("UTC", "Asia/Kolkata", "America/St_Johns"):
+        with timezone.override(zoneinfo.ZoneInfo(zone)):
+            mine = re.search(rb"Date: ([^\r\n]*)", plain_text_octets(plain_message()) or b"")
+            theirs = re.search(rb"Date: ([^\r\n]*)", django_octets(plain_message()))
+        assert mine is not None and theirs is not None
+        assert mine.group(1)[-5:] == theirs.group(1)[-5:]

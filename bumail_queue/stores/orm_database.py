@@ -65,6 +65,7 @@ class ConnectionFacts:
     add_function: bool
 
 
+_SQLITE_FACTS = ConnectionFacts(read_committed=True, add_function=False)
 # The facts of each physical connection, asked once.
 _facts_by_connection: weakref.WeakKeyDictionary[Any, ConnectionFacts] = weakref.WeakKeyDictionary()
 
@@ -72,9 +73,11 @@ _facts_by_connection: weakref.WeakKeyDictionary[Any, ConnectionFacts] = weakref.
 def connection_facts(connection: BaseDatabaseWrapper) -> ConnectionFacts:
     """Return the ``ConnectionFacts`` of ``connection``, asking its database once."""
     if connection.vendor != "postgresql":
-        return ConnectionFacts(read_committed=True, add_function=False)
-    connection.ensure_connection()
+        return _SQLITE_FACTS
     raw = connection.connection
+    if raw is None:
+        connection.ensure_connection()
+        raw = connection.connection
     known = _facts_by_connection.get(raw)
     if known is None:
         with connection.cursor() as cursor:

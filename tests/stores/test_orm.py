@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from bumail_queue.items import RecipientStatus
 from bumail_queue.models import Item, Message
 from bumail_queue.service import QueueService
 from bumail_queue.shaping import Limits, PermitRequest, parse_rate
@@ -172,6 +173,13 @@ def test_an_enqueue_on_postgresql_is_one_call_of_the_migrations_function(orm_sto
     assert again.id == added.id == first.id
     assert orm_store.read_message(added.id) == first.message
     assert Message.objects.count() == 2
+    # What the function was given reads back as the item the add returned.
+    several = orm_store.add(NewItemFactory(recipients=["a@one.example", "b@two.example"], priority=-4, channel="bulk"))
+    assert orm_store.get(several.id) == several
+    assert [(r.address, r.status) for r in several.recipients] == [
+        ("a@one.example", RecipientStatus.PENDING),
+        ("b@two.example", RecipientStatus.PENDING),
+    ]
 
 
 @pytest.mark.postgres
