@@ -250,9 +250,13 @@ class ORMStore(QueueStore):
             self.validate_new(new)
         connection = self.connection
         if max_items is None and connection.vendor == "postgresql":
-            if len(items) == 1:
-                return [self._add_one_statement(items[0], connection)]
-            return self._add_batch_statement(items)
+            # Translated here, not by a context manager: the path of every send_mail().
+            try:
+                if len(items) == 1:
+                    return [self._add_one_statement(items[0], connection)]
+                return self._add_batch_statement(items)
+            except (OperationalError, InterfaceError, ProgrammingError) as error:
+                raise self._unavailable(error) from error
         return self._add_in_transaction(items, max_items)
 
     @_built_once
@@ -332,17 +336,14 @@ class ORMStore(QueueStore):
     def _bound_row(self, connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
         """Run one statement that carries a message and return its row: ``_writing``'s
         single statement, without its generator where no transaction is needed (the
-        path of every ``send_mail()``)."""
+        path of every ``send_mail()``). The caller translates the database's errors."""
         if not connection.in_atomic_block and not default_is_read_committed(connection):
             with self._writing(single_statement=True, binding=True) as cursor:
                 cursor.execute(sql, params)
                 return cursor.fetchone()  # type: ignore[no-any-return]
-        try:
-            with binding_cursor(connection) as cursor:
-                cursor.execute(sql, params)
-                return cursor.fetchone()  # type: ignore[no-any-return]
-        except (OperationalError, InterfaceError, ProgrammingError) as error:
-            raise self._unavailable(error) from error
+        with binding_cursor(connection) as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()  # type: ignore[no-any-return]
 
     def _add_in_transaction(
         self, items: Sequence[NewItem], max_items: int | None, *, _depth: int = 0

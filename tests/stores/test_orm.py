@@ -13,12 +13,14 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import RecipientStatus
 from bumail_queue.models import Item, Message
 from bumail_queue.service import QueueService
 from bumail_queue.shaping import Limits, PermitRequest, parse_rate
 from tests import processes
 from tests.factories import ItemFactory, NewItemFactory
+from tests.servers.smtp import closed_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -180,6 +182,23 @@ def test_an_enqueue_on_postgresql_is_one_call_of_the_migrations_function(orm_sto
         ("a@one.example", RecipientStatus.PENDING),
         ("b@two.example", RecipientStatus.PENDING),
     ]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("how_many", [1, 3])
+def test_an_enqueue_while_postgresql_refuses_connections_is_store_unavailable(orm_store, how_many):
+    connection.close()
+    port = connection.settings_dict["PORT"]
+    connection.settings_dict["PORT"] = closed_port()
+    try:
+        with pytest.raises(QueueError) as refused:
+            orm_store.add_many(NewItemFactory.build_batch(how_many))
+    finally:
+        connection.settings_dict["PORT"] = port
+        connection.close()
+    assert refused.value.code == ErrorCode.STORE_UNAVAILABLE
+    assert "could not be used" in refused.value.message
+    assert orm_store.count() == 0
 
 
 @pytest.mark.postgres
