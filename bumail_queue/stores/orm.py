@@ -184,8 +184,8 @@ class ORMStore(QueueStore):
         With ``binding``, the cursor sends the parameters apart from the SQL
         (``orm_database.binding_cursor``): for the statements that carry messages.
         """
-        # Errors are translated here rather than by translated_errors(): every add
-        # passes through, and one generator costs half what two nested ones do.
+        # Errors are translated here rather than by translated_errors() around it: one
+        # generator rather than two nested, for a path most writes take.
         connection = self.connection
         try:
             if single_statement and (connection.in_atomic_block or default_is_read_committed(connection)):
