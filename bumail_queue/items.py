@@ -173,7 +173,11 @@ class QueueItem:
 def pending_recipients_json(addresses: Iterable[str]) -> str:
     """Return the JSON form a store keeps of new recipients, every one pending: that of
     ``[Recipient(address=a).to_dict() for a in addresses]``, without building them."""
-    return json.dumps([{"address": a, "status": RecipientStatus.PENDING.value, "reply": None} for a in addresses])
+    return json.dumps([{**_PENDING_RECIPIENT, "address": a} for a in addresses])
+
+
+# Recipient.to_dict() of a new recipient, whose address is all that differs.
+_PENDING_RECIPIENT = Recipient(address="").to_dict()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

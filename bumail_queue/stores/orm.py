@@ -64,6 +64,10 @@ from .orm_shaping import ORMShaping
 _MAX_ITEMS_LOCK = 0x62756D61696C  # "bumail"
 # How often an add retries when the item holding its key leaves meanwhile.
 _KEY_RACES = 3
+# What a database that cannot be used raises (STORE_UNAVAILABLE): no connection, a lost
+# one, SQLite locked beyond its timeout; a missing table is a ProgrammingError on
+# PostgreSQL, an OperationalError on SQLite.
+_UNAVAILABLE_ERRORS = (OperationalError, InterfaceError, ProgrammingError)
 # How often a SQLite claim that lost every item it read to another process reads again.
 _CLAIM_RACES = 50
 # The columns every new item starts with the same value in: the batch add writes them
@@ -163,11 +167,10 @@ class ORMStore(QueueStore):
         """Turn a database that cannot be used into ``QueueError(STORE_UNAVAILABLE)``."""
         try:
             yield
-        except (OperationalError, InterfaceError, ProgrammingError) as error:
+        except _UNAVAILABLE_ERRORS as error:
             raise self._unavailable(error) from error
 
     def _unavailable(self, error: Exception) -> QueueError:
-        # A missing table is a ProgrammingError on PostgreSQL, an OperationalError on SQLite.
         return QueueError(
             ErrorCode.STORE_UNAVAILABLE,
             f"The queue's database {self.alias!r} could not be used (has manage.py migrate run?): {first_line(error)}",
@@ -188,7 +191,7 @@ class ORMStore(QueueStore):
         # generator rather than two nested, for a path most writes take.
         connection = self.connection
         try:
-            if single_statement and (connection.in_atomic_block or default_is_read_committed(connection)):
+            if single_statement and not _needs_own_transaction(connection):
                 with self._cursor(connection, binding=binding) as cursor:
                     yield cursor
             elif connection.in_atomic_block:
@@ -199,7 +202,7 @@ class ORMStore(QueueStore):
                     if connection.vendor == "postgresql":
                         cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE")
                     yield cursor
-        except (OperationalError, InterfaceError, ProgrammingError) as error:
+        except _UNAVAILABLE_ERRORS as error:
             raise self._unavailable(error) from error
 
     @staticmethod
@@ -255,7 +258,7 @@ class ORMStore(QueueStore):
                 if len(items) == 1:
                     return [self._add_one_statement(items[0], connection)]
                 return self._add_batch_statement(items)
-            except (OperationalError, InterfaceError, ProgrammingError) as error:
+            except _UNAVAILABLE_ERRORS as error:
                 raise self._unavailable(error) from error
         return self._add_in_transaction(items, max_items)
 
@@ -337,7 +340,7 @@ class ORMStore(QueueStore):
         """Run one statement that carries a message and return its row: ``_writing``'s
         single statement, without its generator where no transaction is needed (the
         path of every ``send_mail()``). The caller translates the database's errors."""
-        if not connection.in_atomic_block and not default_is_read_committed(connection):
+        if _needs_own_transaction(connection):
             with self._writing(single_statement=True, binding=True) as cursor:
                 cursor.execute(sql, params)
                 return cursor.fetchone()  # type: ignore[no-any-return]
@@ -1141,6 +1144,12 @@ class ORMStore(QueueStore):
 
     def purge_suppressions(self, *, now: datetime) -> int:
         return orm_suppressions.purge_suppressions(self, now=now)
+
+
+def _needs_own_transaction(connection: BaseDatabaseWrapper) -> bool:
+    """Return whether a single statement needs a transaction of its own: outside the
+    caller's, on a connection whose transactions do not default to READ COMMITTED."""
+    return not connection.in_atomic_block and not default_is_read_committed(connection)
 
 
 def _ends_at_domain(domain: str) -> str:
