@@ -21,7 +21,10 @@ Postfix's ``smtp-sink`` on a loopback port.
 ``bench/distant_sink.py`` (aiosmtpd, in a process of its own): a smarthost that waits
 ``--remote-delay-ms`` before each reply to a final dot (the peer harness's S6), and a
 server that far away on every round trip, each with and without PIPELINING. Its rows
-say what bounds a worker where waiting, not CPU, decides.
+say what bounds a worker where waiting, not CPU, decides; the rows of two workers
+(two processes sharing the queue, as the harness's S6w2) say how that scales. Every
+worker is timed from the moment all of them are ready to deliver, so what a row
+measures is delivery, without a process's start-up.
 
 Compare the rows of one table with each other only.
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import multiprocessing
 import os
 import shutil
 import smtplib
@@ -38,6 +42,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +55,8 @@ if str(ROOT) not in sys.path:
 from bench.run import (  # noqa: E402 - the path above comes first
     DEFAULT_POSTGRES,
     DEFAULT_REDIS,
+    child_main,
+    child_result,
     create_bench_database,
     database_label,
     drop_bench_database,
@@ -184,6 +191,7 @@ class Distant:
     pipelining: bool = True
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     share: int = 1  # the row drains n_remote / share messages (one connection is slow)
+    workers: int = 1  # worker processes sharing the queue, each with the default settings
 
 
 def distant_rows(delay_ms: float) -> list[Distant]:
@@ -193,7 +201,10 @@ def distant_rows(delay_ms: float) -> list[Distant]:
         Distant(what=f"{at_dot}, no PIPELINING, DOMAIN_CONCURRENCY 5 (the former default)", pipelining=False,
                 settings={"DOMAIN_CONCURRENCY": 5}),
         Distant(what=f"{at_dot}, no PIPELINING (the peer harness's S6)", pipelining=False),
+        Distant(what=f"{at_dot}, no PIPELINING, two workers (the peer harness's S6w2)", pipelining=False,
+                workers=2),
         Distant(what=f"{at_dot}, PIPELINING"),
+        Distant(what=f"{at_dot}, PIPELINING, two workers", workers=2),
         Distant(what=f"{away}, PIPELINING", every_round_trip=True),
         Distant(what=f"{away}, no PIPELINING", every_round_trip=True, pipelining=False),
         Distant(what=f"{away}, PIPELINING, one connection (DOMAIN_CONCURRENCY 1)", every_round_trip=True,
@@ -229,16 +240,25 @@ def wait_for_port(port: int) -> None:
         time.sleep(0.05)
 
 
-def distant_round(database_url: str, n: int, port: int, extra: dict[str, Any]) -> tuple[float, float, int]:
-    """Enqueue n, then time one burst of the worker with its default settings but
-    ``extra``; return (seconds, the worker's CPU seconds, delivered)."""
+def enqueue_distant(database_url: str, n: int) -> None:
+    """Empty the queue and enqueue n messages, one ``enqueue()`` each (set-up, not timed)."""
+    setup_django(database_url)
+    from bumail_queue.service import QueueService
+
+    reset_queue()
+    QueueService().enqueue_many(messages(n))
+    settle()
+
+
+def distant_worker(database_url: str, port: int, extra: dict[str, Any], ready: Any) -> tuple[float, int]:
+    """Set up, wait at ``ready`` (a barrier the parent times from), then run one burst of
+    the worker with its default settings but ``extra``; return (CPU seconds, delivered)."""
     setup_django(database_url)
     from django.conf import settings as django_settings
     from django.test.utils import override_settings
 
     from bumail_queue.service import QueueService
 
-    reset_queue()
     settings = {
         **django_settings.BUMAIL_QUEUE,
         "HOSTNAME": "bench.example.com",
@@ -246,27 +266,72 @@ def distant_round(database_url: str, n: int, port: int, extra: dict[str, Any]) -
         **extra,
     }
     with override_settings(BUMAIL_QUEUE=settings):
-        service = QueueService()
-        service.enqueue_many(messages(n))
-        settle()
-        started, cpu = time.perf_counter(), time.process_time()
+        try:
+            service = QueueService()
+        except BaseException:
+            ready.abort()  # the parent stops waiting and reports this traceback
+            raise
+        ready.wait(timeout=120)
+        cpu = time.process_time()
         stats = service.deliver_due()
-        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
-    return seconds, cpu, stats.delivered
+        cpu = time.process_time() - cpu
+    return cpu, stats.delivered
+
+
+def distant_round(database_url: str, n: int, port: int, row: Distant) -> tuple[float, float, int]:
+    """Enqueue n, then time ``row.workers`` worker processes draining them together;
+    return (seconds, the workers' CPU seconds, delivered).
+
+    The seconds run from the moment every worker is set up and ready to the last one's
+    result: the drain alone, which is what two workers share.
+    """
+    in_child(enqueue_distant, database_url, n)
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Barrier(row.workers + 1)
+    workers = []
+    for _ in range(row.workers):
+        receiver, sender = ctx.Pipe(duplex=False)
+        process = ctx.Process(
+            target=child_main, args=(sender, distant_worker, (database_url, port, row.settings, ready))
+        )
+        process.start()
+        sender.close()
+        workers.append((process, receiver))
+    try:
+        try:
+            ready.wait(timeout=120)
+        except threading.BrokenBarrierError:
+            for process, receiver in workers:
+                child_result(process, receiver, "distant_worker")  # raises the failed one's traceback
+            raise
+        started = time.perf_counter()
+        results = [child_result(process, receiver, "distant_worker") for process, receiver in workers]
+        seconds = time.perf_counter() - started
+    finally:
+        for process, _ in workers:
+            process.join(10)
+    return seconds, sum(cpu for cpu, _ in results), sum(delivered for _, delivered in results)
 
 
 def distant_table(postgres_url: str, n: int, delay_ms: float) -> list[str]:
     lines = [
-        f"| distant sink, worker defaults, PostgreSQL, {n:,} messages | messages/s | worker CPU per message | check |",
-        "|---|---|---|---|",
+        f"| distant sink, worker defaults, PostgreSQL, {n:,} messages | messages/s | of one worker "
+        "| workers' CPU per message | check |",
+        "|---|---|---|---|---|",
     ]
+    one_worker: dict[tuple[bool, bool], float] = {}  # (every round trip, PIPELINING) -> rate
     for row in distant_rows(delay_ms):
         port, counts, count = free_port(), [], max(1, n // row.share)
         with distant_sink(port, row, delay_ms, counts):
-            seconds, cpu, delivered = in_child(distant_round, postgres_url, count, port, row.settings)
+            seconds, cpu, delivered = distant_round(postgres_url, count, port, row)
         check = "ok" if delivered == count and counts == [count, count] else f"delivered {delivered}, sink {counts}"
         what = row.what + (f", {count:,} messages" if row.share > 1 else "")
-        lines.append(f"| {what} | {delivered / seconds:,.0f} | {cpu / max(delivered, 1) * 1000:.2f} ms | {check} |")
+        rate, way = delivered / seconds, (row.every_round_trip, row.pipelining)
+        if row.workers == 1 and row.share == 1 and not row.settings:
+            one_worker[way] = rate
+        scaling = f"x{rate / one_worker[way]:.2f}" if row.workers > 1 and way in one_worker else "-"
+        cpu_each = f"{cpu / max(delivered, 1) * 1000:.2f} ms"
+        lines.append(f"| {what} | {rate:,.0f} | {scaling} | {cpu_each} | {check} |")
     return lines
 
 

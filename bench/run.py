@@ -169,7 +169,8 @@ def _spawn() -> Any:
     return multiprocessing.get_context("spawn")
 
 
-def _child_main(conn: Any, func: Callable[..., Any], args: tuple[Any, ...]) -> None:
+def child_main(conn: Any, func: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """A spawned process's target: send ``func(*args)``, or its traceback, on ``conn``."""
     try:
         conn.send(("ok", func(*args)))
     except BaseException:
@@ -182,17 +183,23 @@ def in_child(func: Callable[..., Any], *args: Any) -> Any:
     """Run ``func(*args)`` in a fresh spawned process and return what it returns."""
     ctx = _spawn()
     receiver, sender = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=_child_main, args=(sender, func, args))
+    process = ctx.Process(target=child_main, args=(sender, func, args))
     process.start()
     sender.close()
+    value = child_result(process, receiver, func.__name__)
+    process.join()
+    return value
+
+
+def child_result(process: Any, receiver: Any, name: str) -> Any:
+    """Wait for what ``child_main`` sends on ``receiver``; a failure is a BenchError."""
     try:
         status, value = receiver.recv()
     except EOFError:
         process.join()
-        raise BenchError(f"{func.__name__} died (exit code {process.exitcode}).") from None
-    process.join()
+        raise BenchError(f"{name} died (exit code {process.exitcode}).") from None
     if status != "ok":
-        raise BenchError(f"{func.__name__} failed:\n{value}")
+        raise BenchError(f"{name} failed:\n{value}")
     return value
 
 

@@ -508,6 +508,7 @@ class Worker:
                     started=time.monotonic(), may_turn_slow=item.size <= SLOW_SESSION_MESSAGE_LIMIT
                 )
                 handoff.follower = _Follower(item=item, keys=keys, path=path, message=message)
+                self._wake_loop_if_needed()  # a follower leaves fewer waiting: claim again in time
                 return Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message)
         return None
 

@@ -225,6 +225,47 @@ def test_a_followers_session_and_its_claim_are_measured(smtp_server):
     assert registry.get_sample_value("bumail_queue_attempts_total", delivered) == N
 
 
+def test_a_follower_that_leaves_too_few_waiting_has_the_next_batch_claimed_at_once(smtp_server, monkeypatch):
+    # A claim of two and one session: the first item's follower leaves nothing waiting, so
+    # the worker claims its next two at once, while the first dot's reply is still held.
+    # Nothing else would wake it meanwhile: no outcome is recorded and no session ends
+    # before that reply, and POLL_SECONDS and the time a session takes to turn slow are
+    # an hour each.
+    monkeypatch.setattr("bumail_queue.worker.SLOW_SESSION_SECONDS", 3600.0)
+    smtp_server.hold_dots = True
+    settings = smarthost(smtp_server, CONCURRENCY=1, DOMAIN_CONCURRENCY=1, CLAIM_BATCH_SIZE=2, POLL_SECONDS=3600)
+    with override_settings(BUMAIL_QUEUE=settings):
+        ids = enqueue(6)
+        worker = Worker()
+        stats = []
+
+        def run():
+            try:
+                stats.append(worker.run_until_idle())
+            finally:
+                connections.close_all()
+
+        def leased() -> int:
+            return sum(1 for item in map(queue.get, ids) if item is not None and item.lease_owner == worker.owner)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        try:
+            assert wait_until(lambda: smtp_server.held == 1)
+            assert wait_until(lambda: leased() == 4)
+            assert len(smtp_server.messages) == 0  # still the first message's reply held back
+        finally:
+            smtp_server.hold_dots = False
+            thread.join(30)
+        assert not thread.is_alive()
+
+    assert (stats[0].items, stats[0].delivered) == (6, 6)
+    assert queue.count() == 0
+    # The items of the second claim went with their predecessors' final dots; the third
+    # claim's race a loopback server's replies, which no deployment's distance lets win.
+    assert followed(smtp_server)[:3] == [True] * 3
+
+
 def test_a_stopping_worker_takes_no_follower_and_gives_the_rest_back(smtp_server):
     smtp_server.hold_dots = True
     with override_settings(BUMAIL_QUEUE=smarthost(smtp_server, DOMAIN_CONCURRENCY=1)):
