@@ -28,7 +28,7 @@ class RedisListener(WorkListener):
         translated: Callable[[str], AbstractContextManager[None]],
     ) -> None:
         self._translated = translated
-        self._pubsub: PubSub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        self._pubsub: PubSub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call, unused-ignore]  # untyped in older redis releases
         self._pubsub.subscribe(channel)
 
     def wait(self, timeout: float) -> bool:
