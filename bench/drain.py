@@ -55,7 +55,6 @@ if str(ROOT) not in sys.path:
 from bench.run import (  # noqa: E402 - the path above comes first
     DEFAULT_POSTGRES,
     DEFAULT_REDIS,
-    child_main,
     child_result,
     create_bench_database,
     database_label,
@@ -66,6 +65,7 @@ from bench.run import (  # noqa: E402 - the path above comes first
     reset_queue,
     settle,
     setup_django,
+    start_child,
 )
 
 SINK_PORT = 52700
@@ -253,28 +253,28 @@ def enqueue_distant(database_url: str, n: int) -> None:
 def distant_worker(database_url: str, port: int, extra: dict[str, Any], ready: Any) -> tuple[float, int]:
     """Set up, wait at ``ready`` (a barrier the parent times from), then run one burst of
     the worker with its default settings but ``extra``; return (CPU seconds, delivered)."""
-    setup_django(database_url)
-    from django.conf import settings as django_settings
-    from django.test.utils import override_settings
+    try:
+        setup_django(database_url)
+        from django.conf import settings as django_settings
+        from django.test.utils import override_settings
 
-    from bumail_queue.service import QueueService
+        from bumail_queue.service import QueueService
 
-    settings = {
-        **django_settings.BUMAIL_QUEUE,
-        "HOSTNAME": "bench.example.com",
-        "ROUTE": {"TYPE": "smarthost", "HOST": "127.0.0.1", "PORT": port, "TLS": "none"},
-        **extra,
-    }
-    with override_settings(BUMAIL_QUEUE=settings):
-        try:
+        settings = {
+            **django_settings.BUMAIL_QUEUE,
+            "HOSTNAME": "bench.example.com",
+            "ROUTE": {"TYPE": "smarthost", "HOST": "127.0.0.1", "PORT": port, "TLS": "none"},
+            **extra,
+        }
+        with override_settings(BUMAIL_QUEUE=settings):
             service = QueueService()
-        except BaseException:
-            ready.abort()  # the parent stops waiting and reports this traceback
-            raise
-        ready.wait(timeout=120)
-        cpu = time.process_time()
-        stats = service.deliver_due()
-        cpu = time.process_time() - cpu
+            ready.wait(timeout=120)
+            cpu = time.process_time()
+            stats = service.deliver_due()
+            cpu = time.process_time() - cpu
+    except BaseException:
+        ready.abort()  # the parent stops waiting and reports this traceback
+        raise
     return cpu, stats.delivered
 
 
@@ -286,17 +286,8 @@ def distant_round(database_url: str, n: int, port: int, row: Distant) -> tuple[f
     result: the drain alone, which is what two workers share.
     """
     in_child(enqueue_distant, database_url, n)
-    ctx = multiprocessing.get_context("spawn")
-    ready = ctx.Barrier(row.workers + 1)
-    workers = []
-    for _ in range(row.workers):
-        receiver, sender = ctx.Pipe(duplex=False)
-        process = ctx.Process(
-            target=child_main, args=(sender, distant_worker, (database_url, port, row.settings, ready))
-        )
-        process.start()
-        sender.close()
-        workers.append((process, receiver))
+    ready = multiprocessing.get_context("spawn").Barrier(row.workers + 1)
+    workers = [start_child(distant_worker, database_url, port, row.settings, ready) for _ in range(row.workers)]
     try:
         try:
             ready.wait(timeout=120)

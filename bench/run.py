@@ -181,14 +181,21 @@ def child_main(conn: Any, func: Callable[..., Any], args: tuple[Any, ...]) -> No
 
 def in_child(func: Callable[..., Any], *args: Any) -> Any:
     """Run ``func(*args)`` in a fresh spawned process and return what it returns."""
+    process, receiver = start_child(func, *args)
+    value = child_result(process, receiver, func.__name__)
+    process.join()
+    return value
+
+
+def start_child(func: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
+    """Start ``func(*args)`` in a fresh spawned process; return it and the end of the
+    pipe its result comes on (``child_result``)."""
     ctx = _spawn()
     receiver, sender = ctx.Pipe(duplex=False)
     process = ctx.Process(target=child_main, args=(sender, func, args))
     process.start()
     sender.close()
-    value = child_result(process, receiver, func.__name__)
-    process.join()
-    return value
+    return process, receiver
 
 
 def child_result(process: Any, receiver: Any, name: str) -> Any:

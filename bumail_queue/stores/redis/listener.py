@@ -28,7 +28,8 @@ class RedisListener(WorkListener):
         translated: Callable[[str], AbstractContextManager[None]],
     ) -> None:
         self._translated = translated
-        self._pubsub: PubSub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call, unused-ignore]  # untyped in older redis releases
+        # redis types pubsub() from 8.2 on, not before: the ignore holds for both.
+        self._pubsub: PubSub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call, unused-ignore]
         self._pubsub.subscribe(channel)
 
     def wait(self, timeout: float) -> bool:
