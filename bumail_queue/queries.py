@@ -117,8 +117,9 @@ class ItemQuery:
 class ItemCount(int):
     """A count of items that says whether it is exact or a store's estimate.
 
-    It is an ``int`` wherever one is expected; ``exact`` is what the admin reads to say
-    "about" before an estimate, and only before one.
+    It is an ``int`` wherever one is expected, and prints as one: ``str()``, a template
+    and an f-string show the number; only ``repr()`` names the class. ``exact`` is what
+    the admin reads to say "about" before an estimate, and only before one.
     """
 
     exact: bool
@@ -130,6 +131,11 @@ class ItemCount(int):
 
     def __repr__(self) -> str:
         return f"ItemCount({int(self)}, exact={self.exact})"
+
+    # int has no __str__ of its own: without this one, str() (and so a template or an
+    # f-string, which format through it) would print the repr above.
+    def __str__(self) -> str:
+        return int.__repr__(self)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

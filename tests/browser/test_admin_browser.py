@@ -122,6 +122,14 @@ def test_find_an_item_by_recipient_and_read_it(page, screenshot):
     screenshot(page, "admin-item.png")
 
 
+def test_the_list_says_how_many_items_are_in_the_queue(page):
+    page.goto(LIST)
+    rows = page.locator("#result_list tbody tr").count()
+    assert 1 < rows < 100  # the whole queue on one page, so the count is every row's
+    footer = page.locator("p.bq-paginator span.bq-muted").inner_text().strip()
+    assert footer == f"{rows} items in the queue"
+
+
 def test_retry_one_item(page):
     page.goto(LIST + "?state=deferred")
     row = page.locator("#result_list tbody tr", has_text="Invoice 2026-114")
