@@ -13,8 +13,6 @@ import ipaddress
 import re
 import unicodedata
 
-import idna
-
 from .errors import ErrorCode, QueueError
 from .text import unkeepable_reason
 
@@ -78,6 +76,8 @@ def a_labels(domain: str) -> str:
     """
     if domain.isascii():
         return domain
+    import idna  # here: most domains are ASCII, and a process may never meet another
+
     return idna.encode(domain, uts46=True, std3_rules=True).decode("ascii")
 
 
@@ -87,6 +87,8 @@ def u_labels(domain: str) -> str:
     ``xn--bcher-kva.example`` is ``bücher.example``; an ASCII domain without A-labels
     comes back lowercase. Raises ``UnicodeError`` for an A-label that is none.
     """
+    import idna
+
     return str(idna.decode(domain))
 
 

@@ -10,7 +10,6 @@ from django.conf import settings as django_settings
 from django.core import checks
 
 from .conf import SETTING_NAME, QueueSettings, effective_hostname, get_settings, not_fqdn_reason, validate
-from .delivery.dkim import ADVISED_RSA_BITS, DKIMError, describe, load_key
 from .errors import QueueError
 
 BACKEND_PATH = "bumail_queue.backends.QueueEmailBackend"
@@ -118,8 +117,15 @@ def check_dkim_keys(app_configs: Sequence[AppConfig] | None = None, **kwargs: An
     short RSA key a warning."""
     if validate(getattr(django_settings, SETTING_NAME, {})):
         return []  # check_settings reports those
+    signers = get_settings().dkim
+    if not signers:
+        return []
+    # Imported here: a project that signs nothing never loads the DKIM code and its
+    # cryptography at start-up (every command runs this check).
+    from .delivery.dkim import ADVISED_RSA_BITS, DKIMError, describe, load_key
+
     found: list[checks.CheckMessage] = []
-    for signer in get_settings().dkim:
+    for signer in signers:
         try:
             key = load_key(signer)
         except DKIMError as error:

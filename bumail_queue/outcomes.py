@@ -25,7 +25,7 @@ from typing import Protocol
 
 from django.db import connections
 
-from bumail_queue import delivery_log, mime, signals
+from bumail_queue import delivery_log, signals
 from bumail_queue.conf import QueueSettings
 from bumail_queue.delivery.dsn import DSNKind, ReportedRecipient, build_dsn, header_block
 from bumail_queue.delivery.retry import has_expired, is_delay_due, retry_delay
@@ -219,6 +219,8 @@ def store_enqueue(store: QueueStore, settings: QueueSettings, clock: Clock) -> E
     """
 
     def enqueue(message: bytes, *, sender: str, recipients: Sequence[str], priority: int, channel: str) -> QueueItem:
+        from bumail_queue import mime  # here: a worker that sends no DSN never loads it
+
         now = clock()
         prepared = mime.from_bytes(
             message,

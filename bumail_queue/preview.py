@@ -15,12 +15,11 @@ import copy
 import dataclasses
 import email.message
 import email.policy
+import functools
 import html
 import re
 from collections.abc import Mapping, Sequence
 from email.parser import BytesParser
-
-import nh3
 
 from .queries import header_block
 
@@ -41,16 +40,15 @@ PREVIEW_CSP = (
     "default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:; form-action 'none'; base-uri 'none'"
 )
 
-_TAGS = nh3.ALLOWED_TAGS | {"font", "big", "tfoot"}
-_ATTRIBUTES: dict[str, set[str]] = copy.deepcopy(nh3.ALLOWED_ATTRIBUTES)
-for _tag, _extra in {
+# The extra tags and attributes mail's HTML keeps beyond nh3's defaults.
+_EXTRA_TAGS = frozenset({"font", "big", "tfoot"})
+_EXTRA_ATTRIBUTES = {
     "*": {"style", "align", "valign", "width", "height", "bgcolor", "dir", "lang", "title"},
     "font": {"color", "face", "size"},
     "table": {"border", "cellpadding", "cellspacing"},
     "td": {"nowrap"},
     "th": {"nowrap"},
-}.items():
-    _ATTRIBUTES.setdefault(_tag, set()).update(_extra)
+}
 # Presentational CSS only: nothing that positions over the page. A background's url()
 # stays, as mail buttons need the shorthand, but the preview's CSP refuses every load.
 _STYLE_PROPERTIES = frozenset(
@@ -187,11 +185,16 @@ def sanitise_html(markup: str, inline_images: Mapping[str, str] | None = None) -
     ``cid:`` image sources found in ``inline_images`` become their data: URIs; made
     of a checked image type and base64 only, they cannot carry markup.
     """
+    # Imported here: the admin's list pages and every other command import this module,
+    # and only a message's preview needs the sanitiser.
+    import nh3
+
+    tags, attributes = _allowed_markup()
     cleaned = nh3.clean(
         markup,
-        tags=set(_TAGS),
+        tags=set(tags),
         clean_content_tags={"script", "style", "title", "head", "template", "noscript"},
-        attributes=_ATTRIBUTES,
+        attributes=attributes,
         url_schemes={"http", "https", "mailto", "tel", "cid"},
         link_rel="noopener noreferrer nofollow",
         strip_comments=True,
@@ -199,6 +202,17 @@ def sanitise_html(markup: str, inline_images: Mapping[str, str] | None = None) -
     )
     images = inline_images or {}
     return _CID_SRC.sub(lambda m: f'src="{images.get(html.unescape(m.group(1)), "")}"', cleaned)
+
+
+@functools.cache
+def _allowed_markup() -> tuple[frozenset[str], dict[str, set[str]]]:
+    """The tags and attributes a preview keeps: nh3's defaults and what mail adds."""
+    import nh3
+
+    attributes: dict[str, set[str]] = copy.deepcopy(nh3.ALLOWED_ATTRIBUTES)
+    for tag, extra in _EXTRA_ATTRIBUTES.items():
+        attributes.setdefault(tag, set()).update(extra)
+    return frozenset(nh3.ALLOWED_TAGS | _EXTRA_TAGS), attributes
 
 
 def srcdoc_for(sanitised: str) -> str:

@@ -78,3 +78,15 @@ def enqueue_many_times(database: dict[str, Any], count: int, max_items: int, bar
                 assert error.code == "FULL", error
                 refused += 1
         return queued, refused
+
+
+def modules_an_empty_burst_loads(database: dict[str, Any], watched: list[str]) -> list[str]:
+    """Run ``queue_worker --burst`` on an empty queue in a fresh process; return which
+    of the ``watched`` modules it had imported by the end."""
+    _setup(database)
+    import sys
+
+    from django.core.management import call_command
+
+    call_command("queue_worker", "--burst", verbosity=0)
+    return [name for name in watched if name in sys.modules]

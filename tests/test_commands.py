@@ -5,11 +5,13 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import multiprocessing
 from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
@@ -17,6 +19,7 @@ from bumail_queue import queue
 from bumail_queue.items import AttemptResult, Outcome, RecipientStatus, Reply
 from bumail_queue.management.commands.queue_worker import Command as WorkerCommand
 from bumail_queue.stores import get_store
+from tests import processes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -152,6 +155,31 @@ def test_queue_worker_on_the_command_line_spares_the_collector_its_start_up_obje
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+#: What only a delivery, a DSN or a preview needs: a burst run that finds nothing due
+#: never imports it (docs/architecture.md, "The worker process").
+DELIVERY_ONLY_MODULES = [
+    "bumail_queue.delivery.smtp",
+    "bumail_queue.delivery.dkim",
+    "bumail_queue.delivery.dns",
+    "bumail_queue.delivery.mta_sts",
+    "smtplib",
+    "dkim",
+    "dns.resolver",
+    "urllib3",
+    "nh3",
+    "idna",
+]
+
+
+def test_queue_worker_on_an_empty_queue_imports_no_delivery_code():
+    # In a process of its own: this one has imported everything already.
+    database = {"NAME": connection.settings_dict["NAME"], "TEST": {"NAME": connection.settings_dict["NAME"]}}
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1) as pool:
+        loaded = pool.apply(processes.modules_an_empty_burst_loads, (database, DELIVERY_ONLY_MODULES))
+    assert loaded == []
 
 
 def test_queue_worker_says_at_start_where_mail_goes_routes_included(caplog):

@@ -231,7 +231,7 @@ def test_a_follower_that_leaves_too_few_waiting_has_the_next_batch_claimed_at_on
     # Nothing else would wake it meanwhile: no outcome is recorded and no session ends
     # before that reply, and POLL_SECONDS and the time a session takes to turn slow are
     # an hour each.
-    monkeypatch.setattr("bumail_queue.worker.SLOW_SESSION_SECONDS", 3600.0)
+    monkeypatch.setattr("bumail_queue.worker.sessions.SLOW_SESSION_SECONDS", 3600.0)
     smtp_server.hold_dots = True
     settings = smarthost(smtp_server, CONCURRENCY=1, DOMAIN_CONCURRENCY=1, CLAIM_BATCH_SIZE=2, POLL_SECONDS=3600)
     with override_settings(BUMAIL_QUEUE=settings):

@@ -13,10 +13,10 @@ from django.db import connections
 from django.test import override_settings
 
 from bumail_queue import queue
-from bumail_queue import worker as worker_module
 from bumail_queue.items import RecipientStatus
 from bumail_queue.stores import get_store
 from bumail_queue.worker import Worker
+from bumail_queue.worker import sessions as worker_sessions
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -186,7 +186,7 @@ def test_mail_to_a_healthy_server_passes_thirty_tarpits_queued_ahead_of_it(tarpi
 
 def test_slow_sessions_have_a_budget_of_their_own_and_the_rest_are_given_back(tarpit, smtp_server, monkeypatch):
     # Two slots and twenty slow sessions beyond them; sessions turn slow sooner, to keep the test short.
-    monkeypatch.setattr(worker_module, "SLOW_SESSION_SECONDS", 0.1)
+    monkeypatch.setattr(worker_sessions, "SLOW_SESSION_SECONDS", 0.1)
     pits = tarpit(30)
     with override_settings(BUMAIL_QUEUE=tarpit_settings(pits, smtp_server)):
         enqueue_to_tarpits(pits)
@@ -212,7 +212,7 @@ def test_slow_sessions_have_a_budget_of_their_own_and_the_rest_are_given_back(ta
 
 
 def test_a_burst_run_delivers_past_the_tarpits_and_ends_once_their_sessions_do(tarpit, smtp_server, monkeypatch):
-    monkeypatch.setattr(worker_module, "SLOW_SESSION_SECONDS", 0.1)
+    monkeypatch.setattr(worker_sessions, "SLOW_SESSION_SECONDS", 0.1)
     pits = tarpit(3)
     stats = []
     with override_settings(BUMAIL_QUEUE={**tarpit_settings(pits, smtp_server), "CONCURRENCY": 2}):

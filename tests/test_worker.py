@@ -399,7 +399,7 @@ def test_attempts_that_end_while_sessions_are_under_way_are_recorded_together(to
         store, "complete_many", lambda results, *, owner: (batches.append(len(results)), real(results, owner=owner))[1]
     )
     # Long enough that only the end of the sessions, not the clock, ends the wait.
-    monkeypatch.setattr("bumail_queue.worker.RECORD_LINGER_SECONDS", 30)
+    monkeypatch.setattr("bumail_queue.worker.recording.RECORD_LINGER_SECONDS", 30)
     # Each session takes a little while, as over a network, and lets the recorder run.
     transport = ScriptedTransport(on_deliver=lambda envelope: time.sleep(0.01))
     stats = Worker(store=store, transport=transport, clock=lambda: T0, concurrency=1, burst=True).run()
@@ -508,5 +508,7 @@ def test_the_worker_gives_its_smtp_transport_the_unreachable_host_memory(monkeyp
 
     monkeypatch.setattr("bumail_queue.delivery.smtp.SMTPTransport", transport)
     with override_settings(BUMAIL_QUEUE={**SETTINGS, **setting}):
-        Worker(clock=lambda: T0, owner="w1")
+        worker = Worker(clock=lambda: T0, owner="w1")
+        assert made == []  # made when the first delivery needs it, not before
+        assert worker.transport is worker.transport
     assert [options["unreachable_memory_seconds"] for options in made] == [seconds]

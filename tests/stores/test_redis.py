@@ -801,7 +801,7 @@ def test_message_heads_are_read_in_one_round_trip(redis_store, redis_prefix, red
 def test_a_retry_reads_the_waiting_items_a_page_at_a_time(redis_store, monkeypatch):
     # Pages of 3 over items all due at one time: each page goes on past the items of
     # its last score that it kept, and none is passed over or moved twice.
-    monkeypatch.setattr("bumail_queue.stores.redis.store.RETRY_PAGE", 3)
+    monkeypatch.setattr("bumail_queue.stores.redis.items.RETRY_PAGE", 3)
     slow = [tried_once(redis_store, [f"s{n}@slow.example"]).id for n in range(5)]
     fast = [tried_once(redis_store, [f"f{n}@fast.example"]).id for n in range(5)]
     leased = tried_once(redis_store, ["l@slow.example"], until=T0 + timedelta(minutes=20))

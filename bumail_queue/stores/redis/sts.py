@@ -4,11 +4,13 @@ A policy is a field of one hash, ``<prefix>mta-sts``, its domain to its JSON. A 
 counts are two hashes, each kind (``TLSSessionCount.kind``, as JSON) to its count
 (``HINCRBY``) and to its policy and first reason (``HSETNX``), written for a batch in
 one ``MULTI``/``EXEC``; the sorted set ``<prefix>tlsrpt:days`` lists the days, so a
-purge finds them without scanning keys.
+purge finds them without scanning keys. ``RedisSTS`` gives the store these operations,
+each within the client's error translation.
 """
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Mapping, Sequence
 from datetime import date
@@ -18,6 +20,7 @@ from redis import Redis
 
 from bumail_queue.sts import STSMode, STSPolicy, TLSResult, TLSSessionCount
 
+from .connection import RedisConnection
 from .layout import RedisKeys, from_micros, hash_fields, micros
 
 
@@ -101,3 +104,37 @@ def purge_counts(client: Redis, keys: RedisKeys, before: date) -> int:
     pipe.zrem(keys.tls_days, *(day.isoformat() for day in days))
     replies = pipe.execute()
     return sum(int(replies[index]) for index in range(0, 2 * len(days), 2))
+
+
+class RedisSTS(RedisConnection):
+    """Keeps the domains' MTA-STS policies and the days' TLS report counts, laid out as above."""
+
+    def get_sts_policy(self, domain: str) -> STSPolicy | None:
+        client = self._redis()
+        with self._translated_errors("read the MTA-STS policy"):
+            raw = client.hget(self.keys.sts_policies, domain)
+        return None if raw is None else policy_from_json(domain, cast("bytes", raw))
+
+    def put_sts_policy(self, policy: STSPolicy) -> None:
+        self.validate_sts_policy(policy)
+        client = self._redis()
+        with self._translated_errors("keep the MTA-STS policy"):
+            client.hset(self.keys.sts_policies, policy.domain, policy_json(policy))
+
+    def count_tls_sessions(self, counts: Sequence[TLSSessionCount]) -> None:
+        self.validate_tls_counts(counts)
+        if not counts:
+            return
+        client = self._redis()
+        with self._translated_errors("count the TLS sessions"):
+            add_counts(client, self.keys, counts)
+
+    def tls_session_counts(self, day: date) -> builtins.list[TLSSessionCount]:
+        client = self._redis()
+        with self._translated_errors("read the TLS report counts"):
+            return read_counts(client, self.keys, day)
+
+    def purge_tls_session_counts(self, *, before: date) -> int:
+        client = self._redis()
+        with self._translated_errors("purge the TLS report counts"):
+            return purge_counts(client, self.keys, before)

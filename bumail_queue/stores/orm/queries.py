@@ -1,6 +1,6 @@
 """The ORM store's answers to the operator's questions (``search``, ``summary``...).
 
-Kept apart from the claim and record paths of ``orm.py``: nothing here writes, and
+Kept apart from the claim and record paths (``claims``): nothing here writes, and
 nothing here is on a worker's way. Each answer is one or two statements whatever the
 size of the queue: the admin's list page costs the same with ten items or a million.
 """
@@ -32,8 +32,8 @@ from bumail_queue.queries import (
     shape_from_counts,
 )
 
-from .orm_claims import lanes_sql
-from .orm_database import aware
+from .claim_sql import lanes_sql
+from .database import aware
 
 
 class ORMTables(Protocol):

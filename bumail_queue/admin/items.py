@@ -1,19 +1,5 @@
-"""The admin: the queue's items (list, item page, retry, cancel), its overview, the log.
-
-The item pages read the queue through the queue service and its store, never through
-the ``Item`` model, so they are the same pages whatever store keeps the queue (the
-ORM, Redis, a store of your own); ``Item`` is registered for its URLs and its
-permissions only. Items change only through ``queue.retry_now`` and ``queue.cancel``,
-which respect the workers' leases. The suppression list's pages are made the same
-way, over ``queue.search_suppressions``, ``queue.suppress`` and ``queue.unsuppress``.
-
-Permissions, checked on the server for every request: the model's *view* permission
-for the pages and the ``.eml`` download, *change* to retry, *delete* to cancel. No
-page shows a setting's value, so no password or AUTH string can appear on one.
-
-One module, because its classes share one permission model, one way of reading the
-queue and one set of templates; the message preview is ``preview``'s.
-"""
+"""The queue's items: the list, the actions (retry, cancel), the item page, its ``.eml``
+and the overview's page."""
 
 from __future__ import annotations
 
@@ -21,83 +7,50 @@ import dataclasses
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any
 from urllib.parse import urlencode
 
-from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
-from django.db.models import Count, QuerySet
+from django.db.models import Count
 from django.http import (
     Http404,
     HttpRequest,
     HttpResponse,
-    HttpResponseBase,
     HttpResponseRedirect,
 )
-from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, URLPattern, path, reverse
 from django.utils import timezone
-from django.utils.functional import cached_property
-from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.utils.timesince import timesince, timeuntil
+from django.utils.timesince import timeuntil
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy, ngettext
+from django.utils.translation import ngettext
 
-from . import delivery_log
-from .conf import get_settings
-from .errors import QueueError
-from .items import QueueItem, Recipient, RecipientStatus, check_channel, check_priority, reply_line
-from .models import DeliveryLog, Item
-from .models import Suppression as SuppressionModel
-from .preview import HeadSummary, preview, srcdoc_for, summarize_head
-from .queries import ItemState, QueueSummary, bucket_labels, is_estimate, state_of
-from .service import MAX_NOTE, queue
-from .suppression import Suppression
+from bumail_queue import delivery_log
+from bumail_queue.conf import get_settings
+from bumail_queue.errors import QueueError
+from bumail_queue.items import QueueItem, Recipient, RecipientStatus, check_channel, check_priority, reply_line
+from bumail_queue.models import DeliveryLog, Item
+from bumail_queue.preview import HeadSummary, preview, srcdoc_for, summarize_head
+from bumail_queue.queries import ItemState, is_estimate, state_of
+from bumail_queue.service import queue
 
-#: The Content-Security-Policy of every queue page: scripts from this site only, nothing
-#: framed from elsewhere. Inline styles are allowed because a message preview's frame
-#: inherits this policy, and mail is styled inline; the frame adds its own, stricter one.
-PAGE_CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-    "frame-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'self'"
+from .overview import overview_context
+from .shared import (
+    ItemAdminBase,
+    admin_page,
+    age_text,
+    url_of,
 )
+
 #: Bytes of each message the list reads to show its subject.
 HEAD_BYTES = 2048
 #: Recipients the list shows per item; the rest are counted.
 LIST_RECIPIENTS = 3
-
-if TYPE_CHECKING:  # ModelAdmin is generic for django-stubs only
-    _ItemAdminBase = admin.ModelAdmin[Item]
-    _LogAdminBase = admin.ModelAdmin[DeliveryLog]
-    _SuppressionAdminBase = admin.ModelAdmin[SuppressionModel]
-else:
-    _ItemAdminBase = _LogAdminBase = _SuppressionAdminBase = admin.ModelAdmin
-
 RETRY = "retry_now"
 CANCEL = "cancel"
-
-
-def _secure(response: HttpResponseBase) -> HttpResponseBase:
-    response["Content-Security-Policy"] = PAGE_CSP
-    response["X-Content-Type-Options"] = "nosniff"
-    response["Referrer-Policy"] = "same-origin"
-    return response
-
-
-def _page(model_admin: admin.ModelAdmin[Any], view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
-    """A page of ours: ``admin_view`` (active staff only, CSRF-protected, never cached), sent ``_secure``."""
-    return model_admin.admin_site.admin_view(lambda *args, **kwargs: _secure(view(*args, **kwargs)))
-
-
-def _url_of(model_admin: admin.ModelAdmin[Any], name: str, *args: Any) -> str:
-    """The URL of one of ``model_admin``'s pages, on its own admin site."""
-    opts = model_admin.opts
-    return reverse(f"{model_admin.admin_site.name}:{opts.app_label}_{opts.model_name}_{name}", args=args)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -194,25 +147,8 @@ def _ids_from(request: HttpRequest) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
-class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
-    """The delivery log's paginator: it never counts a large PostgreSQL log row by row.
-
-    With no filter, the count is ``delivery_log.estimated_count``; a filtered list is
-    counted, as it should be small.
-    """
-
-    @cached_property
-    def count(self) -> int:
-        object_list = self.object_list
-        if isinstance(object_list, QuerySet) and object_list.model is DeliveryLog:
-            estimate = delivery_log.estimated_count(object_list)
-            if estimate is not None:
-                return estimate
-        return super().count
-
-
 @admin.register(Item)
-class ItemAdmin(_ItemAdminBase):
+class ItemAdmin(ItemAdminBase):
     """The queue's pages, read through the queue service (any store)."""
 
     list_per_page = 100
@@ -231,15 +167,15 @@ class ItemAdmin(_ItemAdminBase):
     def get_urls(self) -> list[URLPattern]:
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
         return [
-            path("", _page(self, self.changelist_view), name=f"{prefix}_changelist"),
-            path("overview/", _page(self, self.overview_view), name=f"{prefix}_overview"),
-            path("<str:object_id>/change/", _page(self, self.change_view), name=f"{prefix}_change"),
-            path("<str:object_id>/message.eml", _page(self, self.eml_view), name=f"{prefix}_eml"),
-            path("<str:object_id>/", _page(self, self.item_redirect), name=f"{prefix}_item"),
+            path("", admin_page(self, self.changelist_view), name=f"{prefix}_changelist"),
+            path("overview/", admin_page(self, self.overview_view), name=f"{prefix}_overview"),
+            path("<str:object_id>/change/", admin_page(self, self.change_view), name=f"{prefix}_change"),
+            path("<str:object_id>/message.eml", admin_page(self, self.eml_view), name=f"{prefix}_eml"),
+            path("<str:object_id>/", admin_page(self, self.item_redirect), name=f"{prefix}_item"),
         ]
 
     def _url(self, name: str, *args: Any) -> str:
-        return _url_of(self, name, *args)
+        return url_of(self, name, *args)
 
     def _log_url(self) -> str | None:
         try:
@@ -498,282 +434,3 @@ class ItemAdmin(_ItemAdminBase):
                 (label, by_status.get(value, 0), value) for value, label in DeliveryLog.Status.choices
             ]
         return TemplateResponse(request, "admin/bumail_queue/item/overview.html", context)
-
-
-def overview_context(summary: QueueSummary, list_url: str, *, top: int = 20) -> dict[str, Any]:
-    """Return what the overview page draws: the state bar and the shape's rows."""
-    total = summary.total or 1
-    states = []
-    offset = 0.0
-    for state in ItemState:
-        count = summary.by_state.get(state, 0)
-        width = 100.0 * count / total
-        states.append(
-            {
-                "state": state,
-                "count": count,
-                "x": round(offset, 3),
-                "width": round(width, 3),
-                "url": f"{list_url}?state={state.value}",
-            }
-        )
-        offset += width
-    shape = summary.shape[:top]
-    widest = max((d.total for d in shape), default=0) or 1
-    buckets_max = max((n for d in shape for n in d.buckets), default=0) or 1
-    rows = [
-        {
-            "domain": d.domain,
-            "total": d.total,
-            "bar": round(100.0 * d.total / widest, 3),
-            # The heat of each cell: 0 (none) to 5 (the busiest cell of the table).
-            "cells": [(n, 0 if n == 0 else 1 + min(4, int(4 * n / buckets_max))) for n in d.buckets],
-            "url": f"{list_url}?{urlencode({'domain': d.domain})}",
-        }
-        for d in shape
-    ]
-    return {
-        "summary": summary,
-        "states": states,
-        "bucket_labels": bucket_labels(summary.age_buckets),
-        "bucket_totals": summary.bucket_totals,
-        "shape_rows": rows,
-        "shape_left_out": len(summary.shape) - len(shape),
-        "oldest_age": None if summary.oldest_created_at is None else age_text(summary.oldest_created_at, summary.now),
-    }
-
-
-def age_text(since: datetime, now: datetime) -> str:
-    """Say how long ago ``since`` was, in its largest unit: never "0 minutes", which
-    ``timesince`` writes for anything under a minute."""
-    if now - since < timedelta(minutes=1):
-        return _("under a minute")
-    return timesince(since, now, depth=1)
-
-
-# -- the suppression list -------------------------------------------------------------------
-
-REMOVE = "remove"
-
-
-class SuppressForm(forms.Form):
-    """The admin's form to add an address to the suppression list."""
-
-    address = forms.CharField(label=gettext_lazy("Address"), max_length=320)
-    note = forms.CharField(
-        label=gettext_lazy("Note"),
-        required=False,
-        max_length=MAX_NOTE,
-        help_text=gettext_lazy("Why, for whoever reads the list later."),
-    )
-    days = forms.IntegerField(
-        label=gettext_lazy("Days"),
-        required=False,
-        min_value=1,
-        max_value=3650,
-        help_text=gettext_lazy("How long the entry lasts; empty for SUPPRESSION_DURATION."),
-    )
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class SuppressionRow:
-    """An entry as the list shows it."""
-
-    entry: Suppression
-    reply: str
-    age: str
-    expires_in: str
-
-
-@admin.register(SuppressionModel)
-class SuppressionAdmin(_SuppressionAdminBase):
-    """The suppression list, read and changed through the queue service (any store).
-
-    *view* for the list, *add* to add an address, *delete* to remove one; the model is
-    registered for its URLs and those permissions only, as ``Item`` is.
-    """
-
-    list_per_page = 100
-
-    def get_urls(self) -> list[URLPattern]:
-        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
-        return [
-            path("", _page(self, self.changelist_view), name=f"{prefix}_changelist"),
-            path("add/", _page(self, self.add_view), name=f"{prefix}_add"),
-        ]
-
-    def _url(self, name: str) -> str:
-        return _url_of(self, name)
-
-    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
-        return {
-            **self.admin_site.each_context(request),
-            "title": title,
-            "opts": self.opts,
-            "app_label": self.opts.app_label,
-            "has_view_permission": self.has_view_permission(request),
-            "can_add": self.has_add_permission(request),
-            "can_remove": self.has_delete_permission(request),
-            "changelist_url": self._url("changelist"),
-            "add_url": self._url("add"),
-            "suppression_on": get_settings().suppression,
-            **extra,
-        }
-
-    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-        if request.method == "POST":
-            return self._remove(request)
-        text = (request.GET.get("q") or "").strip()[:320]
-        try:
-            page = max(1, int(request.GET.get("p", "1")))
-        except ValueError:
-            page = 1
-        per_page = self.list_per_page
-        # One more than the page: whether there is a next page, without a count.
-        found = queue.search_suppressions(text=text or None, offset=(page - 1) * per_page, limit=per_page + 1)
-        entries, has_next = found[:per_page], len(found) > per_page
-        now = timezone.now()
-
-        def link(**changes: Any) -> str:
-            merged = {"q": text, "p": page, **changes}
-            return "?" + urlencode({k: v for k, v in merged.items() if v not in (None, "", 1)})
-
-        context = self._context(
-            request,
-            _("Suppressed addresses"),
-            rows=[
-                SuppressionRow(
-                    entry=entry,
-                    reply=reply_line(entry.reply),
-                    age=age_text(entry.created_at, now),
-                    expires_in=timeuntil(entry.expires_at, now, depth=1),
-                )
-                for entry in entries
-            ],
-            query=text,
-            page=page,
-            previous_url=link(p=page - 1) if page > 1 else None,
-            next_url=link(p=page + 1) if has_next else None,
-            total=None if text else queue.count_suppressions(),
-            return_to=request.get_full_path(),
-            media=self.media,
-            **(extra_context or {}),
-        )
-        return TemplateResponse(request, "admin/bumail_queue/suppression/change_list.html", context)
-
-    def _remove(self, request: HttpRequest) -> HttpResponse:
-        if not self.has_delete_permission(request):
-            raise PermissionDenied
-        back = request.POST.get("next") or ""
-        if not url_has_allowed_host_and_scheme(
-            back, allowed_hosts={request.get_host()}, require_https=request.is_secure()
-        ):
-            back = ""
-        addresses = list(dict.fromkeys(request.POST.getlist(ACTION_CHECKBOX_NAME)))
-        if request.POST.get("action") != REMOVE:
-            self.message_user(request, _("Choose an action."), messages.WARNING)
-        elif not addresses:
-            self.message_user(request, _("Select the addresses to remove first."), messages.WARNING)
-        else:
-            removed = len(queue.unsuppress(addresses))
-            gone = len(addresses) - removed
-            parts = [ngettext("%d address removed", "%d addresses removed", removed) % removed]
-            if gone:
-                parts.append(ngettext("%d was no longer on the list", "%d were no longer on the list", gone) % gone)
-            self.message_user(request, "; ".join(parts) + ".", messages.SUCCESS if removed else messages.WARNING)
-        return HttpResponseRedirect(back or self._url("changelist"))
-
-    def add_view(
-        self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
-    ) -> HttpResponse:
-        if not self.has_add_permission(request):
-            raise PermissionDenied
-        form = SuppressForm(request.POST if request.method == "POST" else None)
-        if request.method == "POST" and form.is_valid():
-            days = form.cleaned_data["days"]
-            try:
-                entry = queue.suppress(
-                    form.cleaned_data["address"].strip(),
-                    note=form.cleaned_data["note"],
-                    duration=None if days is None else timedelta(days=days),
-                )
-            except QueueError as error:
-                if error.code != "INVALID":
-                    raise
-                form.add_error("address", error.message)
-            else:
-                self.message_user(
-                    request,
-                    _("%(address)s is suppressed until %(until)s.")
-                    % {"address": entry.address, "until": f"{entry.expires_at:%Y-%m-%d %H:%M %Z}"},
-                    messages.SUCCESS,
-                )
-                return HttpResponseRedirect(self._url("changelist"))
-        context = self._context(request, _("Suppress an address"), form=form, **(extra_context or {}))
-        return TemplateResponse(request, "admin/bumail_queue/suppression/add_form.html", context)
-
-    class Media:
-        css: ClassVar[dict[str, tuple[str, ...]]] = {"all": ("bumail_queue/admin.css",)}
-
-
-# -- the delivery log ---------------------------------------------------------------------
-
-
-@admin.register(DeliveryLog)
-class DeliveryLogAdmin(_LogAdminBase):
-    """The delivery log, read-only: entries are written by the worker, deleted by age."""
-
-    list_display = ("logged_at", "recipient", "status_badge", "reply", "remote", "item")
-    list_filter = ("status",)
-    search_fields = ("recipient", "sender")
-    search_help_text = gettext_lazy("An address (or part of one), or an item id.")
-    list_per_page = 100
-    show_full_result_count = False
-    show_facets = admin.ShowFacets.NEVER  # counts per status would scan a large log
-    paginator = EstimatedCountPaginator
-    readonly_fields = (
-        "logged_at", "item_id", "recipient", "domain", "sender", "status", "reply_code", "reply_status",
-        "reply_text", "remote_host", "tls", "next_attempt_at",
-    )  # fmt: skip
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[DeliveryLog]:
-        return super().get_queryset(request).using(get_settings().database)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: DeliveryLog | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: DeliveryLog | None = None) -> bool:
-        return False  # manage.py queue_purge deletes by age
-
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet[DeliveryLog], search_term: str
-    ) -> tuple[QuerySet[DeliveryLog], bool]:
-        try:
-            return queryset.filter(item_id=uuid.UUID(search_term.strip())), False
-        except ValueError:
-            return super().get_search_results(request, queryset, search_term)
-
-    @admin.display(description=gettext_lazy("status"), ordering="status")
-    def status_badge(self, entry: DeliveryLog) -> str:
-        return format_html('<span class="bq-status bq-{}">{}</span>', entry.status, entry.get_status_display())
-
-    @admin.display(description=gettext_lazy("reply"))
-    def reply(self, entry: DeliveryLog) -> str:
-        return entry.reply_line
-
-    @admin.display(description=gettext_lazy("remote host"), ordering="remote_host")
-    def remote(self, entry: DeliveryLog) -> str:
-        return render_to_string("admin/bumail_queue/remote_host.html", {"entry": entry})
-
-    @admin.display(description=gettext_lazy("item"))
-    def item(self, entry: DeliveryLog) -> str:
-        url = reverse(f"{self.admin_site.name}:bumail_queue_item_change", args=[entry.item_id])
-        return format_html('<a href="{}">{}</a>', url, str(entry.item_id)[:8])
-
-    class Media:
-        css: ClassVar[dict[str, tuple[str, ...]]] = {"all": ("bumail_queue/admin.css",)}

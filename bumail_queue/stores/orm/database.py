@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sqlite3
 import uuid
 import weakref
 from datetime import UTC, datetime
@@ -22,8 +21,7 @@ from django.db.models import Field
 from django.utils.dateparse import parse_datetime
 
 from bumail_queue.models import Item
-
-from .base import WorkListener
+from bumail_queue.stores.base import WorkListener
 
 SUPPORTED_VENDORS = ("postgresql", "sqlite")
 
@@ -108,7 +106,11 @@ def check_database(connection: BaseDatabaseWrapper, alias: str) -> list[checks.C
                 id="bumail_queue.E013",
             )
         ]
-    if vendor == "sqlite" and sqlite3.sqlite_version_info < (3, 35):
+    if vendor != "sqlite":
+        return []
+    import sqlite3  # here: a project on PostgreSQL never loads the SQLite driver
+
+    if sqlite3.sqlite_version_info < (3, 35):
         return [
             checks.Error(
                 f"The ORM store needs SQLite 3.35 or newer (RETURNING); this Python has {sqlite3.sqlite_version}.",

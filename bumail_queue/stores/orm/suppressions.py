@@ -24,8 +24,8 @@ from bumail_queue.models import Suppression as Row
 from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionReason, SuppressionUpdate, search_form
 from bumail_queue.text import is_keepable
 
-from .orm_database import aware
-from .orm_queries import escape_like
+from .database import aware
+from .queries import escape_like
 
 #: Addresses per statement of a lookup or a removal.
 ADDRESSES_PER_STATEMENT = 500

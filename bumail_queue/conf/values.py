@@ -1,0 +1,89 @@
+"""The typed ``BUMAIL_QUEUE`` that ``load()`` returns."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from collections.abc import Mapping
+from datetime import timedelta
+
+from bumail_queue.shaping import Limits
+
+from .dkim import DKIMSigner
+from .names import normalise_domain
+from .routes import Route
+from .tasks import TaskSettings
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Timeouts:
+    """How long each step of an SMTP session may take, in seconds (RFC 5321 §4.5.3.2)."""
+
+    connect: float
+    greeting: float
+    mail: float
+    rcpt: float
+    data: float
+    data_block: float
+    data_end: float
+    session: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class QueueSettings:
+    """The validated ``BUMAIL_QUEUE``; see ``docs/settings.md`` for each field."""
+
+    store: str
+    database: str
+    redis_connection: str
+    redis_key_prefix: str
+    hostname: str
+    route: Route
+    routes: Mapping[str, Route]
+    mx_port: int
+    dns_nameservers: tuple[tuple[str, int], ...] | None
+    concurrency: int
+    domain_concurrency: int
+    lease_seconds: int
+    max_age: timedelta
+    delay_warning: timedelta
+    dsn_priority: int
+    max_items: int | None
+    max_message_size: int
+    max_recipients: int
+    allowed_private_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+    mx_address_limit: int
+    mx_session_limit: int
+    unreachable_host_memory: timedelta
+    dkim: tuple[DKIMSigner, ...]
+    dkim_unsigned_on_error: bool
+    mta_sts: bool
+    mta_sts_https_port: int
+    tls_ca_file: str | None
+    retry_min_delay: timedelta
+    retry_max_delay: timedelta
+    retry_factor: float
+    retry_jitter: float
+    timeouts: Timeouts
+    connection_reuse_seconds: float
+    claim_batch_size: int
+    poll_seconds: float
+    delivery_log: bool
+    delivery_log_retention: timedelta | None
+    suppression: bool
+    suppression_duration: timedelta
+    suppression_expiry_window: timedelta | None
+    suppression_dsn: bool
+    tasks: TaskSettings | None = None
+    metrics_domains: frozenset[str] = frozenset()
+    metrics_token: str | None = dataclasses.field(default=None, repr=False)
+    shaping: Mapping[str, Limits] = dataclasses.field(default_factory=dict)
+
+    @property
+    def lease(self) -> timedelta:
+        """Return a claim's lease as a duration."""
+        return timedelta(seconds=self.lease_seconds)
+
+    def route_for(self, domain: str) -> Route:
+        """Return the route of a recipient domain: its ``ROUTES`` entry, else ``ROUTE``."""
+        return self.routes.get(normalise_domain(domain), self.route)

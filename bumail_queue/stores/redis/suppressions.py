@@ -1,0 +1,95 @@
+"""The Redis store's suppression list: its entries and notes, one script a write.
+
+A lookup of a batch is one ``HMGET``; an update is one script; the admin's page is
+one read-only script; a purge goes a page a script, so that Redis serves the workers
+between them.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Iterable
+from datetime import datetime
+from typing import cast
+
+from bumail_queue.addresses import normal_address
+from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate, search_form
+from bumail_queue.text import is_keepable
+
+from . import scripts
+from .connection import RedisConnection
+from .items import RETRY_PAGE
+from .layout import micros, pairs, suppression_from_json, suppression_json
+
+
+class RedisSuppressions(RedisConnection):
+    """Looks addresses up on the suppression list, and updates, searches, counts and purges it."""
+
+    # -- the suppression list ---------------------------------------------------------
+
+    def suppressions_of(self, addresses: Iterable[str], *, now: datetime) -> dict[str, Suppression]:
+        """One ``HMGET`` for the whole batch; entries past their time are left out here."""
+        given: dict[str, list[str]] = {}
+        for address in addresses:
+            if is_keepable(address):
+                given.setdefault(normal_address(address), []).append(address)
+        if not given:
+            return {}
+        client = self._redis()
+        with self._translated_errors("read the suppression list"):
+            raws = cast("list[bytes | None]", client.hmget(self.keys.suppressed, list(given)))
+        found: dict[str, Suppression] = {}
+        for key, raw in zip(given, raws, strict=True):
+            if raw is not None and (entry := suppression_from_json(key, raw)).is_in_force(now):
+                found.update((address, entry) for address in given[key])
+        return found
+
+    def update_suppressions(self, change: SuppressionChange, *, now: datetime) -> SuppressionUpdate:
+        self.validate_suppressions(change)
+        if not change:
+            return SuppressionUpdate()
+        args: list[str | bytes | int] = [
+            micros(now),
+            "" if change.note_until is None else micros(change.note_until),
+        ]
+        for entries in (change.add, change.expired):
+            args.append(len(entries))
+            for entry in entries:
+                args += [entry.address, suppression_json(entry), micros(entry.created_at), micros(entry.expires_at)]
+        args += change.clear
+        promoted, removed = self._run(scripts.SUPPRESS, "update the suppression list", self.keys.suppression_keys, args)
+        by_address = {entry.address: entry for entry in change.expired}
+        return SuppressionUpdate(
+            suppressed=(*change.add, *(by_address[address.decode()] for address in promoted)),
+            removed=tuple(address.decode() for address in removed),
+        )
+
+    def search_suppressions(
+        self, *, now: datetime, text: str | None = None, offset: int = 0, limit: int = 100
+    ) -> builtins.list[Suppression]:
+        """One read-only script that walks the list from its newest entry (see ``suppression_page.lua``)."""
+        if limit <= 0:
+            return []
+        args: list[str | bytes | int] = [micros(now), "" if text is None else search_form(text), offset, limit]
+        keys = [self.keys.suppressed, self.keys.suppressed_created]
+        flat = self._run(scripts.SUPPRESSION_PAGE, "search the suppression list", keys, args)
+        return [suppression_from_json(address.decode(), raw) for address, raw in pairs(flat).items()]
+
+    def count_suppressions(self, *, now: datetime) -> int:
+        client = self._redis()
+        with self._translated_errors("count the suppression list"):
+            return int(client.zcount(self.keys.suppressed_expires, f"({micros(now)}", "+inf"))
+
+    def purge_suppressions(self, *, now: datetime) -> int:
+        """A thousand at a time, one script each, so that Redis serves the workers between them."""
+        dropped = 0
+        while True:
+            entries, notes = self._run(
+                scripts.SUPPRESSION_PURGE,
+                "purge the suppression list",
+                self.keys.suppression_keys,
+                [micros(now), RETRY_PAGE],
+            )
+            dropped += int(entries)
+            if entries < RETRY_PAGE and notes < RETRY_PAGE:
+                return dropped

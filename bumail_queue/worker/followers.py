@@ -1,0 +1,66 @@
+"""Pipelining across messages (RFC 2920): the next waiting item for a destination starts
+on the session of the one whose final dot is about to go."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, cast
+
+from bumail_queue.delivery.envelope import (
+    Envelope,
+    FollowingTransport,
+)
+from bumail_queue.delivery.routes import Destination, group_by_destination
+
+if TYPE_CHECKING:
+    pass
+from .base import WorkerBase
+from .sessions import SLOW_SESSION_MESSAGE_LIMIT, Follower, Handoff, Path, Session, takes_follow
+
+logger = logging.getLogger("bumail_queue.worker")
+
+
+class Followers(WorkerBase):
+    """Hands a delivery thread the follower of its message, on the same session."""
+
+    def _take_follower(self, destination: Destination, path: Path, handoff: Handoff) -> Envelope | None:
+        """Start the next waiting item for ``destination`` on the session of the one
+        whose final dot is about to go, and return its envelope; ``None`` if none waits.
+
+        Called by the transport from a delivery thread. The follower takes over its
+        predecessor's session and its ``DOMAIN_CONCURRENCY`` slot: the destination gets
+        no more sessions than before, and its next message costs one round trip. Only
+        an item whose every recipient goes to ``destination`` (but those the claim found
+        suppressed, which fail without a session), and whose message was read with its
+        claim, follows: the thread then goes straight to the session, on ``path``.
+        """
+        key = destination.limit_key
+        with self._changed:
+            if self.stopping or handoff.follower is not None:
+                return None
+            for index, (item, keys) in enumerate(self._waiting):
+                if keys != {key} or (message := self._prefetched.get(item.id)) is None:
+                    continue
+                suppressed = self._suppressed.get(item.id, {})
+                addresses = [r.address for r in item.pending_recipients if r.address not in suppressed]
+                if list(group_by_destination(addresses, self.settings)) != [destination]:
+                    continue  # the same smarthost host and port, another route (user, TLS)
+                del self._waiting[index]
+                del self._prefetched[item.id]
+                self._in_flight[item.id] = item
+                self._sessions[item.id] = Session(
+                    started=time.monotonic(), may_turn_slow=item.size <= SLOW_SESSION_MESSAGE_LIMIT
+                )
+                handoff.follower = Follower(item=item, keys=keys, path=path, message=message)
+                self._wake_loop_if_needed()  # a follower leaves fewer waiting: claim again in time
+                return Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message)
+        return None
+
+    def _following(self) -> FollowingTransport | None:
+        """``transport``, if it can begin the next item's transaction with a message's
+        final dot (asked of each transport once: a caller may replace it)."""
+        transport = self.transport
+        if self._follows is None or self._follows[0] is not transport:
+            self._follows = (transport, takes_follow(transport))
+        return cast(FollowingTransport, transport) if self._follows[1] else None
