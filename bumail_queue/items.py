@@ -302,10 +302,19 @@ def fair_shares(lanes: Iterable[tuple[str, int, int]], *, limit: int, after: str
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Outcome:
-    """What one attempt decided for one recipient."""
+    """What one attempt decided for one recipient.
+
+    ``names_recipient`` says whether ``reply`` was about this recipient alone: a reply
+    to its ``RCPT``, or the reply of a transaction it was the only recipient of. Only
+    such a reply puts an address on the suppression list; a reply to ``MAIL FROM``, to
+    the greeting, or after the data of several recipients may be about anything (the
+    sender, the host, one of the others). It is what the attempt knew, not part of the
+    outcome a store keeps, so it takes no part in comparisons.
+    """
 
     status: RecipientStatus
     reply: Reply
+    names_recipient: bool = dataclasses.field(default=True, compare=False)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -255,7 +255,7 @@ def change_from(
             if expiry_window is not None:
                 expiries[key] += 1
                 last_expiry[key] = outcome.reply
-        elif suppresses(outcome.reply):
+        elif outcome.names_recipient and suppresses(outcome.reply):
             failed[key] = entry(key, SuppressionReason.FAILED, outcome.reply)
     for key, count in expiries.items():
         if count >= 2 and key not in failed:

@@ -82,3 +82,24 @@ def _probably_prime(n: int, rng: random.Random, rounds: int = 32) -> bool:
         else:
             return False
     return True
+
+
+def pem_body(pem: str, *, joined: bool = False) -> str:
+    """The base64 between a PEM's ``-----BEGIN`` and ``-----END`` lines: a key written
+    without them. ``joined``: on one line, as a secret store or an env var holds it."""
+    lines = [line for line in pem.splitlines() if not line.startswith("-----")]
+    return "".join(lines) if joined else "\n".join(lines)
+
+
+def ed25519_pem_body(*, with_slash: bool) -> str:
+    """A new Ed25519 key's PEM body with, or without, a '/' in it (about a third have none)."""
+    while True:
+        body = pem_body(_pem(ed25519.Ed25519PrivateKey.generate()), joined=True)
+        if ("/" in body) == with_slash:
+            return body
+
+
+def shows_key_text(text: str, key: str) -> bool:
+    """Whether any 12 characters in a row of ``key`` (its spaces aside) appear in ``text``."""
+    compact = "".join(key.split())
+    return any(compact[i : i + 12] in text for i in range(len(compact) - 11))

@@ -17,6 +17,7 @@ from django.test import override_settings
 
 from bumail_queue.checks import check_settings, check_store
 from bumail_queue.stores.memory import MemoryStore
+from tests.dkim_keys import ed25519_pem_body, shows_key_text
 
 HOST = {"HOSTNAME": "mta.example.com"}
 
@@ -399,6 +400,19 @@ def test_a_dkim_key_that_cannot_sign_is_e024_without_the_key_in_the_message(dkim
     assert [(type(e), e.id) for e in errors] == [(checks.Error, "bumail_queue.E024")]
     assert expected in errors[0].msg
     assert "PRIVATE KEY" not in errors[0].msg + (errors[0].hint or "")
+
+
+def test_a_dkim_key_without_its_pem_lines_is_e024_and_the_key_is_in_no_message():
+    from bumail_queue.checks import check_dkim_keys
+
+    key = ed25519_pem_body(with_slash=False)  # taken for a callable's dotted path, once
+    signer = {"DOMAIN": "example.com", "SELECTOR": "ed1", "KEY": key, "ALGORITHM": "ed25519-sha256"}
+    with override_settings(BUMAIL_QUEUE={"DKIM": [signer]}):
+        assert check_settings(None) == []
+        errors = check_dkim_keys()
+    assert [(type(e), e.id) for e in errors] == [(checks.Error, "bumail_queue.E024")]
+    assert "is key data without its PEM lines" in errors[0].msg
+    assert not shows_key_text(errors[0].msg + (errors[0].hint or ""), key)
 
 
 def test_an_rsa_key_under_2048_bits_is_w005_and_good_keys_pass(dkim_keys):

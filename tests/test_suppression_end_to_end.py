@@ -337,6 +337,37 @@ def test_with_suppression_off_nothing_is_suppressed(servers, store_settings):
     assert rcpts(recipients_server) == [GONE, GONE]
 
 
+THREE = ("ann@mail.example", "bob@one.example", "cy@two.example")
+
+
+def test_a_550_5_1_1_to_mail_from_fails_the_recipients_and_suppresses_none(smtp_servers, store_settings):
+    # The server says the *sender* is unknown: nothing is known of any recipient.
+    refusing = smtp_servers(mail_reply="550 5.1.1 <app@sender.test>: Sender address rejected: User unknown")
+    senders_server = smtp_servers()
+    clock = Clock()
+    with override_settings(BUMAIL_QUEUE=routed(refusing, senders_server, store_settings)):
+        send(clock, *THREE)
+        assert deliver_at(clock, T0).failed == 3
+        assert QueueService(clock=clock).count_suppressions() == 0
+    assert len(dsns(senders_server)) == 1  # the sender is told, as of any failure
+
+
+@pytest.mark.parametrize(("recipients", "suppressed"), [(THREE, 0), (THREE[:1], 1)])
+def test_a_550_5_1_1_after_the_data_suppresses_only_the_one_recipient_it_can_be_about(
+    smtp_servers, store_settings, recipients, suppressed
+):
+    # After the data of several recipients, the reply is one for all: it may be about
+    # any of them, so it suppresses none; for one recipient, it is about that one.
+    refusing = smtp_servers(message_reply="550 5.1.1 <ann@mail.example>: Recipient address rejected")
+    clock = Clock()
+    with override_settings(BUMAIL_QUEUE=routed(refusing, smtp_servers(), store_settings)):
+        send(clock, *recipients)
+        assert deliver_at(clock, T0).failed == len(recipients)
+        queue = QueueService(clock=clock)
+        assert queue.count_suppressions() == suppressed
+        assert list(queue.suppressed(list(recipients))) == list(recipients[:suppressed])
+
+
 def test_a_domain_with_a_null_mx_is_suppressed_and_not_looked_up_again(smtp_servers, dns_server, store_settings):
     server = smtp_servers()
     dns_server.zone = DNSZone({

@@ -17,10 +17,12 @@ which dkimpy signs Ed25519 with).
 from __future__ import annotations
 
 import base64
+import binascii
 import dataclasses
 import email.policy
 import email.utils
 import logging
+import re
 import threading
 from collections.abc import Callable, Sequence
 from email.parser import BytesHeaderParser
@@ -65,6 +67,10 @@ _OVERSIGNED = (b"from",)
 MIN_RSA_BITS = 1024
 ADVISED_RSA_BITS = 2048
 _PEM_MARK = "-----BEGIN"
+# What a KEY of base64 key data is written in, and a KEY that names a callable: a key
+# holds no dot, so one taken for a dotted path is never echoed in an error.
+_BASE64_TEXT = re.compile(r"[A-Za-z0-9+/=\s]+")
+_DOTTED_PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
 
 
 class DKIMError(Exception):
@@ -187,15 +193,48 @@ def _tags(text: bytes) -> dict[bytes, bytes]:
 
 
 def _pem_of(signer: DKIMSigner) -> bytes:
+    # No message below repeats the value: it may be the key itself, written wrongly.
     value = signer.key.strip()
     if value.startswith(_PEM_MARK):
         return value.encode("ascii", "replace")
+    if _is_key_data(value):
+        raise DKIMError(
+            f"the KEY of {describe(signer)} is key data without its PEM lines: give the whole PEM, "
+            "from its '-----BEGIN' line to its '-----END' line"
+        )
     if "/" in value or "\\" in value or value.endswith((".pem", ".key")):
         try:
             return Path(value).read_bytes()
         except OSError as error:
             raise DKIMError(f"the KEY file of {describe(signer)} cannot be read: {error.strerror}") from None
+    if not _DOTTED_PATH.fullmatch(value):
+        raise DKIMError(
+            f"the KEY of {describe(signer)} is neither a PEM, nor a file path (.pem, .key, or a '/'), "
+            "nor the dotted path of a callable"
+        )
     return _called(signer, value)
+
+
+def _is_key_data(value: str) -> bool:
+    """Whether ``value`` is the base64 body of a PEM (a DER structure: PKCS#1 or
+    PKCS#8) or a raw Ed25519 seed, written without the PEM lines around it."""
+    if not _BASE64_TEXT.fullmatch(value):
+        return False
+    try:
+        data = base64.b64decode("".join(value.split()), validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return len(data) == 32 or _is_der_sequence(data)
+
+
+def _is_der_sequence(data: bytes) -> bool:
+    """Whether ``data`` is one whole DER SEQUENCE, as every private key's encoding is."""
+    if len(data) < 4 or data[0] != 0x30:
+        return False
+    if data[1] < 0x80:
+        return data[1] == len(data) - 2
+    octets = data[1] - 0x80
+    return 1 <= octets <= 2 and int.from_bytes(data[2 : 2 + octets], "big") == len(data) - 2 - octets
 
 
 def _called(signer: DKIMSigner, path: str) -> bytes:

@@ -4,7 +4,9 @@ publishes, whatever happened to it on the way (7-bit conversion, dot-stuffing)."
 
 from __future__ import annotations
 
+import base64
 import logging
+import os
 from collections.abc import Callable, Iterator
 
 import dkim
@@ -19,7 +21,7 @@ from bumail_queue.delivery.dkim import DKIMError, Signatures, load_key, public_k
 from bumail_queue.delivery.dns import make_resolver
 from bumail_queue.delivery.smtp import SMTPTransport
 from bumail_queue.items import RecipientStatus
-from tests.dkim_keys import TestKeys
+from tests.dkim_keys import TestKeys, ed25519_pem_body, pem_body, shows_key_text
 from tests.helpers import as_wire_bytes, envelope, mx, only_reply, smarthost, use_queue_backend
 from tests.servers.dns import DNSZone, LoopbackDNSServer
 from tests.servers.smtp import SMTPTestServer
@@ -307,6 +309,59 @@ def test_a_key_that_is_not_what_the_algorithm_needs_is_refused(dkim_keys: TestKe
 
     assert expected in str(refused.value)
     assert "PRIVATE KEY" not in str(refused.value)
+
+
+def key_without_pem_lines(dkim_keys: TestKeys, form: str) -> tuple[str, str]:
+    """A KEY of base64 key data, and the algorithm it is for."""
+    if form == "ed25519, no '/'":
+        return ed25519_pem_body(with_slash=False), "ed25519-sha256"
+    if form == "ed25519, a '/'":
+        return ed25519_pem_body(with_slash=True), "ed25519-sha256"
+    if form == "ed25519 seed":
+        return base64.b64encode(os.urandom(32)).decode(), "ed25519-sha256"
+    if form == "rsa pkcs8, its lines":
+        return pem_body(dkim_keys.rsa_pkcs8_pem), "rsa-sha256"
+    return pem_body(dkim_keys.rsa_pem, joined=True), "rsa-sha256"
+
+
+KEY_DATA_FORMS = ["ed25519, no '/'", "ed25519, a '/'", "ed25519 seed", "rsa pkcs8, its lines", "rsa pkcs1, one line"]
+
+
+@pytest.mark.parametrize("form", KEY_DATA_FORMS)
+def test_key_data_without_its_pem_lines_is_named_so_and_never_repeated(dkim_keys: TestKeys, form):
+    key, algorithm = key_without_pem_lines(dkim_keys, form)
+    signer = DKIMSigner(domain="example.com", selector="s", key=key, algorithm=algorithm)
+
+    with pytest.raises(DKIMError) as refused:
+        load_key(signer)
+
+    assert "is key data without its PEM lines" in str(refused.value)
+    assert not shows_key_text(str(refused.value), key)
+
+
+def test_a_key_that_is_nothing_known_is_refused_without_being_repeated():
+    signer = DKIMSigner(domain="example.com", selector="s", key="k3y: not-a-pem, not a path!")
+
+    with pytest.raises(DKIMError) as refused:
+        load_key(signer)
+
+    assert "is neither a PEM, nor a file path" in str(refused.value)
+    assert "k3y" not in str(refused.value)
+
+
+def test_a_signer_with_key_data_defers_its_mail_and_no_reply_or_log_line_holds_the_key(smtp_server, signing, caplog):
+    key = ed25519_pem_body(with_slash=False)
+    signer = DKIMSigner(domain="example.com", selector="ed1", key=key, algorithm="ed25519-sha256")
+
+    with caplog.at_level(logging.DEBUG, logger="bumail_queue"):
+        status, code, enhanced, text = only_reply(deliver(signing(signer), smtp_server))
+
+    assert (status, code, enhanced) == (DEFERRED, None, "4.3.5")
+    assert "without its PEM lines" in text
+    # The reply is what the delivery log, the admin and a delay DSN quote.
+    assert not shows_key_text(text, key)
+    assert not shows_key_text(caplog.text, key)
+    assert "DATA" not in smtp_server.verbs()
 
 
 # -- through the queue ---------------------------------------------------------------------

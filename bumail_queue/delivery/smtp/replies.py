@@ -54,11 +54,15 @@ def _own(status: str, text: str) -> Reply:
     return Reply(code=None, status=status, text=clean_reply_text(text))
 
 
-def _outcome(code: int, raw: bytes) -> Outcome:
-    """Return the outcome a reply decides (its code being a 2xx, 4xx or 5xx)."""
+def _outcome(code: int, raw: bytes, *, names_recipient: bool = True) -> Outcome:
+    """Return the outcome a reply decides (its code being a 2xx, 4xx or 5xx).
+
+    ``names_recipient``: the reply answered one recipient's ``RCPT``, or ended a
+    transaction of one recipient (``Outcome.names_recipient``).
+    """
     status = _status_of(code)
     assert status is not None
-    return Outcome(status=status, reply=reply_from(code, raw))
+    return Outcome(status=status, reply=reply_from(code, raw), names_recipient=names_recipient)
 
 
 def _raw(error: smtplib.SMTPResponseException) -> bytes:

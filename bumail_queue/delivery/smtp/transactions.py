@@ -273,7 +273,7 @@ class _Transactions:
                 plan.outcomes.update((r, Outcome(status=RecipientStatus.FAILED, reply=reply)) for r in todo)
                 return
             if not 200 <= code < 300:
-                outcome = _outcome(code, raw)
+                outcome = _outcome(code, raw, names_recipient=False)  # a reply to MAIL FROM
                 plan.outcomes.update((r, outcome) for r in todo)
                 return
             todo = self._recipients(session, plan, todo, deadline)
@@ -453,7 +453,7 @@ class _Transactions:
                 plan.outcomes[recipient] = _outcome(code, raw)
         code, raw = self._reply(session, item_id, "data", deadline, "DATA")
         if not 200 <= mail_code < 300:
-            outcome = _outcome(mail_code, mail_raw)
+            outcome = _outcome(mail_code, mail_raw, names_recipient=False)  # a reply to MAIL FROM
             plan.outcomes.update((r, outcome) for r in opened.sent)
             left = []
         elif too_many is not None and left == opened.sent:
@@ -484,7 +484,7 @@ class _Transactions:
         elif 200 <= code < 300:
             raise _StepError.protocol(code, raw, when="to DATA")
         else:
-            outcome = _outcome(code, raw)
+            outcome = _outcome(code, raw, names_recipient=len(accepted) == 1)
             plan.outcomes.update((r, outcome) for r in accepted)
 
     def _end_empty_data(self, session: _Session, item_id: str, deadline: float) -> None:
@@ -560,7 +560,8 @@ class _Transactions:
         logger.debug("%s %s: message of %s bytes -> %s", item_id, session.host, message.size, code)
         if _status_of(code) is None:
             raise _StepError.protocol(code, raw, when="to the message")
-        outcome = _outcome(code, raw)
+        # One reply for every accepted recipient: about one of them only if there is one.
+        outcome = _outcome(code, raw, names_recipient=len(accepted) == 1)
         plan.outcomes.update((r, outcome) for r in accepted)
         if code == 421:
             raise _StepError.of_reply(code, raw, when="to the message")

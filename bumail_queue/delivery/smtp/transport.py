@@ -203,7 +203,10 @@ class SMTPTransport:
 
         if last is None:
             last = _StepError(_own("4.4.4", "There is no host to deliver to."))
-        outcomes.update((r, Outcome(status=last.status, reply=last.reply)) for r in pending)
+        # A session's failure (the greeting, EHLO, TLS, a lost connection) is about no
+        # one recipient.
+        shared = Outcome(status=last.status, reply=last.reply, names_recipient=False)
+        outcomes.update((r, shared) for r in pending)
         if last.answered and last_host is not None:
             return finish(last_host.name, tls=last.tls)
         return finish()
@@ -410,7 +413,7 @@ class SMTPTransport:
             session.conn.close()  # the server drops the transaction begun: nothing is delivered
 
     def _settle(self, pending: Iterable[str], outcomes: dict[str, Outcome], failure: _StepError) -> None:
-        outcome = Outcome(status=failure.status, reply=failure.reply)
+        outcome = Outcome(status=failure.status, reply=failure.reply, names_recipient=False)
         outcomes.update((r, outcome) for r in pending if r not in outcomes)
 
 
