@@ -29,10 +29,11 @@ from bumail_queue.outcomes import (
 from bumail_queue.shaper import Held
 from bumail_queue.suppression import suppressed_reply
 
-if TYPE_CHECKING:
-    from bumail_queue.delivery.mta_sts import AppliedPolicy
 from .followers import Followers
 from .sessions import LOST_MESSAGE_REPLY, Follower, Handoff, Path
+
+if TYPE_CHECKING:
+    from bumail_queue.delivery.mta_sts import AppliedPolicy
 
 logger = logging.getLogger("bumail_queue.worker")
 

@@ -36,9 +36,10 @@ from bumail_queue.shaper import Shaper
 from bumail_queue.stores import QueueStore, get_store
 from bumail_queue.suppression import Suppression
 
+from .sessions import Session
+
 if TYPE_CHECKING:
     from bumail_queue.delivery.mta_sts import STSPolicies
-from .sessions import Session
 
 logger = logging.getLogger("bumail_queue.worker")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from bumail_queue.delivery.envelope import (
     Envelope,
@@ -13,8 +13,6 @@ from bumail_queue.delivery.envelope import (
 )
 from bumail_queue.delivery.routes import Destination, group_by_destination
 
-if TYPE_CHECKING:
-    pass
 from .base import WorkerBase
 from .sessions import SLOW_SESSION_MESSAGE_LIMIT, Follower, Handoff, Path, Session, takes_follow
 

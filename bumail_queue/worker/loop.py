@@ -10,7 +10,6 @@ import time
 from collections import Counter
 from collections.abc import Container
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from bumail_queue.delivery.routes import group_by_destination
 from bumail_queue.errors import QueueError
@@ -23,8 +22,6 @@ from bumail_queue.outcomes import (
 from bumail_queue.suppression import Suppression
 from bumail_queue.threads import ThreadPool
 
-if TYPE_CHECKING:
-    pass
 from .attempts import Attempts
 from .recording import Recording
 from .sessions import (

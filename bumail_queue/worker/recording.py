@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import queue as queue_module
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from django.db import connections
 
@@ -17,8 +16,6 @@ from bumail_queue.outcomes import (
     report_error,
 )
 
-if TYPE_CHECKING:
-    pass
 from .base import WorkerBase
 
 logger = logging.getLogger("bumail_queue.worker")

@@ -4,7 +4,6 @@ listened for, and what was claimed but not started given back."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from django.db import connections
 
@@ -14,8 +13,6 @@ from bumail_queue.outcomes import (
 )
 from bumail_queue.stores.base import WorkListener
 
-if TYPE_CHECKING:
-    pass
 from .base import WorkerBase
 
 logger = logging.getLogger("bumail_queue.worker")
