@@ -23,11 +23,12 @@ import django.core.mail
 from django.db import connection
 from django.test import override_settings
 
-from bumail_queue.conf import Timeouts
+from bumail_queue.conf import Route, Timeouts
 from bumail_queue.delivery.envelope import Delivery, Envelope, Host
 from bumail_queue.items import Outcome, RecipientStatus, Reply
 
 if TYPE_CHECKING:
+    from bumail_queue.delivery.smtp import SMTPDelivery, SMTPTransport
     from tests.servers.hostile_smtp import HostileSMTPServer
     from tests.servers.smtp import SMTPTestServer
 
@@ -158,6 +159,32 @@ def only_reply(delivery: Delivery) -> tuple[RecipientStatus, int | None, str, st
     found = {(o.status, o.reply.code, o.reply.status, o.reply.text) for o in delivery.outcomes.values()}
     assert len(found) == 1, found
     return found.pop()
+
+
+class Followers:
+    """A ``follow`` that gives the envelopes of a list, one per call, and counts the calls."""
+
+    def __init__(self, *envelopes: Envelope) -> None:
+        self.waiting = list(envelopes)
+        self.calls = 0
+
+    def __call__(self) -> Envelope | None:
+        self.calls += 1
+        return self.waiting.pop(0) if self.waiting else None
+
+
+def chain(
+    transport: SMTPTransport, server: SMTPTestServer | HostileSMTPServer, *envelopes: Envelope
+) -> list[SMTPDelivery]:
+    """Deliver ``envelopes`` as a worker's thread does: each follows the one before it
+    when that one's final dot asks for it, else it starts on its own."""
+    follow = Followers(*envelopes[1:])
+    deliveries = []
+    for e in envelopes:
+        if e in follow.waiting:  # no dot asked for it: it was never handed on
+            follow.waiting.remove(e)
+        deliveries.append(transport.deliver(e, route=Route(type="mx"), hosts=[mx(server)], follow=follow))
+    return deliveries
 
 
 # -- queue_worker processes -------------------------------------------------------------

@@ -11,6 +11,9 @@ each connection it accepts; a :class:`Peer` holds what such a script needs:
     closed the connection.
 ``read_line()``
     The next command line from the client (``ClientGoneError`` at its end).
+``buffered()``
+    Whether more of the client's bytes were read with the last line: it sent them in
+    one write, without waiting for a reply (pipelining).
 ``serve_until(verb)``
     Answer as a plain server would (greeting excluded): EHLO (offering STARTTLS when
     ``tls`` is given), HELO, MAIL, RCPT, RSET, NOOP with 250, DATA with 354 and, after
@@ -108,6 +111,9 @@ class Peer:
         text = line.rstrip(b"\r").decode("utf-8", "replace")
         self.commands.append(text)
         return text
+
+    def buffered(self) -> bool:
+        return bool(self._inbox)
 
     def start_tls(self, context: ssl.SSLContext) -> None:
         self._inbox = b""

@@ -183,6 +183,29 @@ class _Connection(smtplib.SMTP):
             raise self._too_long(f"has a line longer than {MAX_REPLY_LINE} octets")
         return line
 
+    def unread(self) -> bytes:
+        """Return what the server has sent that was not read yet, without waiting (``b""``: nothing).
+
+        Asked when no reply is outstanding: anything there then is a reply out of step
+        (or a 421 before a kept connection closes). It stays for the next read.
+        """
+        sock = self.sock
+        if sock is None:
+            return b""
+        if self._inbox_of is not sock:
+            self._inbox.clear()
+            self._inbox_of = sock
+        if not self._inbox:
+            try:
+                sock.settimeout(0.0)
+                data = sock.recv(_RECV_SIZE)
+            except (BlockingIOError, ssl.SSLWantReadError):
+                return b""
+            except OSError:
+                return b""  # the connection is gone: the next step says so
+            self._inbox += data  # b"" when closed: the next step says so
+        return bytes(self._inbox)
+
     def _recv(self) -> bytes:
         sock = self.sock
         if sock is None:

@@ -59,6 +59,17 @@ class _StepError(Exception):
         return cls(_own("4.5.0", text), answered=True)
 
 
+class _OutOfStepError(_StepError):
+    """The server replied out of step: before what the reply answers was sent, or once
+    too often. No reply of the transaction it broke decides anything (RFC 2920 §3.1:
+    each reply answers the command in its place); its recipients wait, and the
+    transport ends the connection and remembers the host."""
+
+    def __init__(self, host: Host, what: str) -> None:
+        text = f"{host} replied out of step ({what}); the connection was ended and no reply of it was taken"
+        super().__init__(_own("4.5.0", text), answered=True)
+
+
 class _StaleConnectionError(Exception):
     """A pooled connection failed the RSET that begins its reuse: nothing was decided."""
 

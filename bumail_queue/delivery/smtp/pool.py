@@ -45,6 +45,13 @@ class _Session:
     # The item whose MAIL, RCPT and DATA went with the last final dot: the session is
     # that follower's, not the pool's, when the delivery that sent the dot ends.
     held_for: str | None = None
+    # The host replied out of step lately: one command at a time, and no follower.
+    lockstep: bool = False
+
+    @property
+    def pipelining(self) -> bool:
+        """Whether commands go in groups (RFC 2920): the server offers it, and is trusted to."""
+        return not self.lockstep and self.conn.has_extn("pipelining")
 
 
 class _Pool:

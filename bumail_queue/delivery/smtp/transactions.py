@@ -17,7 +17,7 @@ from bumail_queue.delivery.transfer_encoding import UnconvertibleError, needs_co
 from bumail_queue.items import Outcome, RecipientStatus, Reply
 
 from .connection import _Steps
-from .failures import _lost, _StaleConnectionError, _StepError
+from .failures import _lost, _OutOfStepError, _StaleConnectionError, _StepError
 from .pool import _Session
 from .replies import _outcome, _own, _status_of
 
@@ -250,7 +250,7 @@ class _Transactions:
         (pipelining servers only). ``opened``: the first transaction's commands went
         already, with the previous delivery's final dot; its replies are read first.
         """
-        if session.conn.has_extn("pipelining"):
+        if session.pipelining:
             todo = plan.todo
             while todo:
                 todo = self._pipelined(session, plan, todo, deadline, follow=follow, opened=opened)
@@ -372,6 +372,7 @@ class _Transactions:
         self, session: _Session, item_id: str, step: str, deadline: float, verb: str, args: str = ""
     ) -> tuple[int, bytes]:
         """Send ``verb`` and read its reply, the two within one step."""
+        self._in_step(session, f"a reply came before {verb} was sent")
         self._steps.arm(session.conn, step, deadline, f"waiting for the reply to {verb}")
         session.conn.putcmd(verb, args)
         return self._reply(session, item_id, step, deadline, verb, args, armed=True)
@@ -398,6 +399,13 @@ class _Transactions:
             raise _StepError.protocol(code, raw, when=f"to {verb}")
         return code, raw
 
+    @staticmethod
+    def _in_step(session: _Session, what: str) -> None:
+        """Check that nothing was said while no reply is outstanding: a reply then came
+        before what it answers was sent, or is one reply too many (RFC 2920 §3.1)."""
+        if session.conn.unread():
+            raise _OutOfStepError(session.host, what)
+
     def _rset_reply(self, session: _Session, item_id: str, deadline: float) -> None:
         """Read the reply to an ``RSET`` sent already; anything but 2xx raises."""
         code, raw = self._reply(session, item_id, "mail", deadline, "RSET")
@@ -423,6 +431,7 @@ class _Transactions:
             opened = self.opening(plan, todo, reset=not session.clean)
             if opened is None:
                 return []
+            self._in_step(session, "a reply came before MAIL was sent")
             self._steps.arm(conn, "mail", deadline, "sending MAIL")
             try:
                 conn.send(opened.data)
@@ -437,22 +446,31 @@ class _Transactions:
         mail_code, mail_raw = self._first_reply(
             session, lambda: self._reply(session, item_id, "mail", deadline, "MAIL", plan.args.mail)
         )
+        mail_taken = 200 <= mail_code < 300
         accepted: list[str] = []
         left: list[str] = []
+        refused: dict[str, Outcome] = {}
         too_many: Outcome | None = None
         for recipient in opened.sent:
             code, raw = self._reply(session, item_id, "rcpt", deadline, "RCPT", plan.args.rcpt(recipient))
-            if not 200 <= mail_code < 300:
-                continue  # refused after a refused MAIL: the MAIL reply decides
+            if not mail_taken:
+                # Refused after a refused MAIL: the MAIL reply decides. Accepted, it
+                # answers another command: the replies are one place off.
+                if 200 <= code < 300:
+                    raise _OutOfStepError(session.host, f"{code} to RCPT after {mail_code} to MAIL")
+                continue
             if code == 452:
                 too_many = _outcome(code, raw)
                 left.append(recipient)
             elif 200 <= code < 300:
                 accepted.append(recipient)
             else:
-                plan.outcomes[recipient] = _outcome(code, raw)
+                refused[recipient] = _outcome(code, raw)
         code, raw = self._reply(session, item_id, "data", deadline, "DATA")
-        if not 200 <= mail_code < 300:
+        self._check_data_reply(session, code)
+        # Every reply of the group came in its place: now they decide.
+        plan.outcomes.update(refused)
+        if not mail_taken:
             outcome = _outcome(mail_code, mail_raw, names_recipient=False)  # a reply to MAIL FROM
             plan.outcomes.update((r, outcome) for r in opened.sent)
             left = []
@@ -476,20 +494,26 @@ class _Transactions:
         follow: _Follow | None = None,
     ) -> None:
         """Act on the reply to DATA: send the message after a 354, else it decides ``accepted``."""
+        self._check_data_reply(session, code)
         if code == 354:
             if accepted:
                 self._send_message(session, plan, accepted, deadline, follow=follow)
             else:
                 self._end_empty_data(session, plan.item_id, deadline)
-        elif 200 <= code < 300:
-            raise _StepError.protocol(code, raw, when="to DATA")
         else:
             outcome = _outcome(code, raw, names_recipient=len(accepted) == 1)
             plan.outcomes.update((r, outcome) for r in accepted)
 
+    @staticmethod
+    def _check_data_reply(session: _Session, code: int) -> None:
+        """A 2xx cannot answer DATA: it is the reply to another command, one place off."""
+        if 200 <= code < 300:
+            raise _OutOfStepError(session.host, f"{code} to DATA")
+
     def _end_empty_data(self, session: _Session, item_id: str, deadline: float) -> None:
         # DATA went with the recipients, every one was refused, and yet the server
         # said 354: end the message at once; no recipient takes it (RFC 2920 §3.1).
+        self._in_step(session, "a reply came before the message was ended")
         self._steps.arm(session.conn, "data_block", deadline, "ending an empty message")
         session.conn.send(b".\r\n")
         self._reply(session, item_id, "data_end", deadline, "DATA (empty)")
@@ -528,6 +552,7 @@ class _Transactions:
         return left
 
     def _rset(self, session: _Session, item_id: str, deadline: float) -> None:
+        self._in_step(session, "a reply came before RSET was sent")
         self._steps.arm(session.conn, "mail", deadline, "waiting for the reply to RSET")
         session.conn.putcmd("RSET")
         self._rset_reply(session, item_id, deadline)
@@ -545,7 +570,12 @@ class _Transactions:
         followed = False
         for start in range(0, len(view), BLOCK_SIZE):
             block: bytes | memoryview = view[start : start + BLOCK_SIZE]
-            if follow is not None and start + BLOCK_SIZE >= len(view) and (commands := follow()) is not None:
+            last = start + BLOCK_SIZE >= len(view)
+            if start == 0 or last:
+                # No reply is outstanding until the final dot: one now is early, such as
+                # a 250 sent before the message it would accept.
+                self._in_step(session, "a reply came before the message was sent")
+            if follow is not None and last and (commands := follow()) is not None:
                 block, followed = bytes(block) + commands, True
             self._steps.arm(conn, "data_block", deadline, "sending the message")
             try:

@@ -17,13 +17,13 @@ from bumail_queue.delivery.envelope import Delivery, Envelope, Follow, Host, TLS
 from bumail_queue.items import Outcome, RecipientStatus
 
 from .connection import _Steps
-from .failures import RouteOptionError, _lost, _RouteRefusedError, _StaleConnectionError, _StepError
+from .failures import RouteOptionError, _lost, _OutOfStepError, _RouteRefusedError, _StaleConnectionError, _StepError
 from .handshake import _Opener
 from .pool import _Key, _Pool, _Session
 from .replies import _own, _raw
 from .tls import _Contexts, _Policy, _policy_of
 from .transactions import _Follow, _Message, _Opening, _Plan, _Transactions
-from .unreachable import _UnreachableHosts
+from .unreachable import OUT_OF_STEP_MEMORY, _HostMemory, _UnreachableHosts
 
 # The package's logger: the name docs/delivery.md and docs/worker.md give.
 logger = logging.getLogger(__package__)
@@ -93,6 +93,7 @@ class SMTPTransport:
         )
         self._transactions = _Transactions(self._steps, dkim)
         self._unreachable = _UnreachableHosts(seconds=unreachable_memory_seconds, clock=clock)
+        self._out_of_step = _HostMemory(seconds=OUT_OF_STEP_MEMORY, clock=clock)
         self._reuse_seconds = max(0.0, reuse_seconds)  # also how long a follower's session waits for it
         self._primed: dict[str, _Primed] = {}  # by the follower's item id
         self._primed_lock = threading.Lock()
@@ -254,7 +255,11 @@ class SMTPTransport:
     ) -> _Session:
         key = _Key(host.name.lower(), host.address, host.port, policy)
         while (session := self._pool.take(key)) is not None:
-            if session.clean or session.conn.has_extn("pipelining"):
+            if said := session.conn.unread():
+                self._spoke_unasked(session, said, item_id)
+                continue
+            session.lockstep = self._out_of_step.holds(host)
+            if session.clean or session.pipelining:
                 # Between transactions MAIL needs no RSET; else RSET goes with MAIL, RCPT
                 # and DATA. Either way the first reply tells whether the server is still there.
                 session.reused = True
@@ -270,7 +275,26 @@ class SMTPTransport:
                 return session
             logger.debug("%s %s: a pooled connection failed RSET (%s); reconnecting", item_id, host, code)
             session.conn.close()
-        return self._opener.open(host, key, route, item_id, deadline, starttls=True, sessions=tls_sessions)
+        session = self._opener.open(host, key, route, item_id, deadline, starttls=True, sessions=tls_sessions)
+        session.lockstep = self._out_of_step.holds(host)
+        return session
+
+    def _spoke_unasked(self, session: _Session, said: bytes, item_id: str) -> None:
+        """Close a kept connection whose server spoke while it waited: a 421 before it
+        closes (RFC 5321 §3.8), or a reply out of step, which makes its host one to
+        send one command at a time. Nothing was sent on it: nothing is decided."""
+        session.conn.close()
+        if said.startswith(b"421"):
+            logger.debug("%s %s: a kept connection said 421; reconnecting", item_id, session.host)
+            return
+        self._out_of_step.remember(session.host, _OutOfStepError(session.host, "a reply while none was outstanding"))
+        logger.warning(
+            "%s %s: a kept connection sent a reply while none was outstanding; reconnecting, "
+            "one command at a time for %g s",
+            item_id,
+            session.host,
+            self._out_of_step.seconds,
+        )
 
     def _transact(
         self,
@@ -303,6 +327,15 @@ class SMTPTransport:
         except _StaleConnectionError:
             logger.debug("%s %s: a kept connection had closed; reconnecting", envelope.item_id, session.host)
             return False
+        except _OutOfStepError as failure:
+            self._out_of_step.remember(session.host, failure)
+            logger.warning(
+                "%s: %s; one command at a time to it for %g s",
+                envelope.item_id,
+                failure.reply.text,
+                self._out_of_step.seconds,
+            )
+            self._settle(pending, outcomes, failure)
         except _StepError as failure:
             self._settle(pending, outcomes, failure)
         except smtplib.SMTPServerDisconnected as error:

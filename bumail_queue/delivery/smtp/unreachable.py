@@ -1,4 +1,5 @@
-"""The hosts that did not answer, remembered for a short while (RFC 5321 §4.5.4.1).
+"""Hosts remembered for a while: those that did not answer (RFC 5321 §4.5.4.1), and
+those that replied out of step.
 
 RFC 5321 §4.5.4.1 asks a client to keep a list of the hosts it cannot reach, rather
 than try every queued item on them again. The transport keeps one for all of the
@@ -6,6 +7,10 @@ worker's delivery threads: a host that refused the connection, could not be reac
 or stayed silent through its CONNECT or GREETING timeout is not connected to again
 for ``UNREACHABLE_HOST_MEMORY``, and the items meant for it are deferred with the
 reason it was remembered for.
+
+A host that sent a reply before what it answers was sent, or one reply too many, is
+remembered as well, for :data:`OUT_OF_STEP_MEMORY`: its sessions then send one
+command at a time and take no follower, so that one bad server costs one retry.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from .replies import _own
 
 #: The most hosts remembered at once: past it the oldest is forgotten first.
 MAX_UNREACHABLE_HOSTS = 10_000
+#: How long a host that replied out of step gets one command at a time, in seconds.
+OUT_OF_STEP_MEMORY = 3600.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -38,8 +45,8 @@ def _key(host: Host) -> tuple[str, int]:
     return (host.address or host.name.lower(), host.port)
 
 
-class _UnreachableHosts:
-    """Hosts that did not answer, each remembered ``seconds`` (0: none is).
+class _HostMemory:
+    """Hosts, each remembered ``seconds`` (0: none is) with why.
 
     Thread-safe: every delivery thread of the transport shares it. Bounded: an entry
     expires after ``seconds``, the expired ones are dropped as others are added, and
@@ -60,7 +67,7 @@ class _UnreachableHosts:
         return self._memory
 
     def remember(self, host: Host, failure: _StepError) -> bool:
-        """Remember that ``host`` did not answer, for ``failure``'s reason; return whether it is remembered."""
+        """Remember ``host``, for ``failure``'s reason; return whether it is remembered."""
         if self._memory <= 0:
             return False
         now = self._clock()
@@ -73,8 +80,8 @@ class _UnreachableHosts:
             self._hosts[key] = _Silence(reply=failure.reply, since=now)
         return True
 
-    def recall(self, host: Host) -> _StepError | None:
-        """Return what defers the recipients while ``host`` is remembered; ``None`` to try it."""
+    def _recall(self, host: Host) -> tuple[_Silence, float] | None:
+        """Return why ``host`` is remembered, and the time now; ``None`` if it is not."""
         if self._memory <= 0:
             return None
         now = self._clock()
@@ -84,13 +91,14 @@ class _UnreachableHosts:
             if silence is not None and now - silence.since >= self._memory:
                 del self._hosts[key]
                 silence = None
-        if silence is None:
-            return None
-        # Not unreachable itself: recalling a host must not remember it anew, for ever.
-        return _StepError(self._deferral(host, silence, now))
+        return None if silence is None else (silence, now)
+
+    def holds(self, host: Host) -> bool:
+        """Return whether ``host`` is remembered now."""
+        return self._recall(host) is not None
 
     def forget(self, host: Host) -> None:
-        """Forget ``host``: it answered."""
+        """Forget ``host``."""
         if self._memory <= 0:
             return
         with self._lock:
@@ -109,6 +117,18 @@ class _UnreachableHosts:
             if now - self._hosts[oldest].since < self._memory:
                 return
             del self._hosts[oldest]
+
+
+class _UnreachableHosts(_HostMemory):
+    """Hosts that did not answer: the recipients meant for them are deferred, unsent."""
+
+    def recall(self, host: Host) -> _StepError | None:
+        """Return what defers the recipients while ``host`` is remembered; ``None`` to try it."""
+        recalled = self._recall(host)
+        if recalled is None:
+            return None
+        # Not unreachable itself: recalling a host must not remember it anew, for ever.
+        return _StepError(self._deferral(host, *recalled))
 
     def _deferral(self, host: Host, silence: _Silence, now: float) -> Reply:
         # The remembered failure's enhanced code; no server answered, so no reply code.
