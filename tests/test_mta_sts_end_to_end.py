@@ -373,3 +373,51 @@ def test_an_enforce_policy_kept_outlives_its_txt_record_until_it_expires(world, 
         assert queue.get(item.id) is None
     assert len(server.messages) == 1
     assert world.policies.count(POLICY_HOST) == 1
+
+
+def test_a_policy_host_that_dribbles_holds_no_delivery_thread_past_the_fetch_deadline(world, smtp_servers):
+    # Two delivery threads, both needing sts.test's policy, whose host sends its answer
+    # one byte every half second (a minute and more in all): the fetch ends at its
+    # deadline, the thread waiting for it too, and the healthy domain's mail goes.
+    import threading
+
+    from bumail_queue.conf import get_settings
+    from bumail_queue.delivery.mta_sts import STSPolicies
+    from bumail_queue.worker import Worker
+    from tests.helpers import wait_until
+
+    hostile_mx = world.mx_host("mx.sts.test", tls=None)
+    world.publish("enforce", "mx.sts.test")
+    world.policies.responses[POLICY_HOST] = PolicyResponse(policy_text("enforce", "mx.sts.test"), dribble=0.5)
+    healthy = smtp_servers(host="127.0.0.9", port=hostile_mx.port)
+    world.records["ok.test"] = {"MX": [(10, "mx.ok.test")]}
+    world.records["mx.ok.test"] = {"A": [healthy.host]}
+    world.dns.zone = DNSZone(world.records)
+
+    with override_settings(BUMAIL_QUEUE=world.settings(CONCURRENCY=2, DOMAIN_CONCURRENCY=2)):
+        for n in range(2):
+            queue.enqueue(EmailMessage("Hi", "Body", "me@sender.test", [f"user{n}@sts.test"]))
+        for n in range(3):
+            queue.enqueue(EmailMessage("Hi", "Body", "me@sender.test", [f"user{n}@ok.test"]))
+        settings = get_settings()
+        policies = STSPolicies(
+            cache=get_store(),
+            nameservers=settings.dns_nameservers,
+            https_port=settings.mta_sts_https_port,
+            ca_file=settings.tls_ca_file,
+            allowed_networks=settings.allowed_private_networks,
+            clock=timezone.now,
+            fetch_seconds=2.0,
+        )
+        worker = Worker(mta_sts=policies)
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        try:
+            assert wait_until(lambda: len(healthy.messages) == 3)
+            # The policy could not be had: its domain's mail went as with no policy.
+            assert wait_until(lambda: len(hostile_mx.messages) == 2)
+        finally:
+            worker.stop()
+            thread.join(30)
+        assert not thread.is_alive()  # stopped within its sessions' time, not the dribble's
+    assert world.policies.count(POLICY_HOST) == 1

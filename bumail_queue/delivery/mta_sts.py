@@ -32,22 +32,25 @@ was chosen).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
 import logging
 import re
+import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import date, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import dns.exception
 import dns.name
 import dns.rdatatype
 import dns.resolver
 import urllib3
+import urllib3.connection
 import urllib3.exceptions
 from dns.rdtypes.ANY.TXT import TXT
 from dns.rdtypes.IN.A import A
@@ -404,7 +407,9 @@ class STSPolicies:
 
     def _fetched(self, domain: str, policy_id: str) -> STSPolicy:
         """Return ``domain``'s policy for ``policy_id``: fetched by this thread, or by the
-        thread already fetching it; raise ``PolicyError``."""
+        thread already fetching it, waited for no longer than a fetch of its own could
+        take; raise ``PolicyError``."""
+        give_up_at = self._monotonic() + self._fetch_seconds
         while True:
             with self._lock:
                 failed = self._failed.get((domain, policy_id))
@@ -417,7 +422,10 @@ class STSPolicies:
                 if underway is None:
                     self._fetching[domain] = done = threading.Event()
                     break
-            underway.wait(self._fetch_seconds + 1)
+            if not underway.wait(max(0.0, give_up_at - self._monotonic())) and self._monotonic() >= give_up_at:
+                raise _fetch_error(
+                    f"The fetch of the policy of {domain} under way took longer than {self._fetch_seconds:g} seconds"
+                )
         try:
             policy = self._fetch(domain, policy_id)
         except PolicyError as error:
@@ -442,14 +450,22 @@ class STSPolicies:
         host_name = f"mta-sts.{a_labels(domain)}"
         addresses = self._addresses(host_name, deadline)
         text: str | None = None
-        for address in addresses:
-            try:
-                text = self._get(host_name, address, deadline)
-                break
-            except _UnreachableError as error:
-                last: PolicyError = error
-        if text is None:
-            raise last
+        with _Watchdog(max(0.0, deadline - self._monotonic())) as watchdog:
+            for address in addresses:
+                try:
+                    text = self._get(host_name, address, deadline, watchdog)
+                    break
+                except _UnreachableError as error:
+                    last: PolicyError = error
+                except PolicyError:
+                    if watchdog.expired:
+                        raise self._too_slow(host_name) from None
+                    raise
+            # A body cut short at the deadline may end where a line does: never parse it.
+            if watchdog.expired:
+                raise self._too_slow(host_name)
+            if text is None:
+                raise last
         policy = parse_policy(text, domain=domain, policy_id=policy_id, fetched_at=self._clock())
         logger.info(
             "MTA-STS policy of %s fetched: id %s, mode %s, mx %s, max_age %s",
@@ -493,12 +509,22 @@ class STSPolicies:
                 self._ssl_context = ssl.create_default_context(cafile=self._ca_file)
             return self._ssl_context
 
-    def _get(self, host_name: str, address: str, deadline: float) -> str:
+    def _too_slow(self, host_name: str) -> PolicyError:
+        return _fetch_error(
+            f"https://{host_name}{self._port_text}{_POLICY_PATH} took longer than {self._fetch_seconds:g} seconds"
+        )
+
+    @property
+    def _port_text(self) -> str:
+        return "" if self._port == 443 else f":{self._port}"
+
+    def _get(self, host_name: str, address: str, deadline: float, watchdog: _Watchdog) -> str:
         """GET the policy from ``address``, as ``host_name``; return its text."""
         step = min(FETCH_STEP_SECONDS, max(0.001, deadline - self._monotonic()))
-        where = f"https://{host_name}{'' if self._port == 443 else f':{self._port}'}{_POLICY_PATH}"
-        pool = urllib3.HTTPSConnectionPool(
+        where = f"https://{host_name}{self._port_text}{_POLICY_PATH}"
+        pool = _WatchedPool(
             address,
+            watchdog=watchdog,
             port=self._port,
             ssl_context=self._context(),
             server_hostname=host_name,  # SNI, and the name the certificate must hold
@@ -566,6 +592,77 @@ class STSPolicies:
             return body.decode("utf-8")
         except UnicodeDecodeError:
             raise _invalid(f"{where} is not UTF-8 text") from None
+
+
+class _Watchdog:
+    """Ends a fetch's connections once its time is up, however slowly their bytes come.
+
+    urllib3's read timeout, like http.client's under it, bounds each ``recv`` afresh: a
+    policy host sending its status line or headers one byte every few seconds is never
+    cut off by it. A timer that shuts the connections down at the deadline is: the read
+    under way then ends at once, and so does the fetch. It holds a duplicate of each
+    socket, since wrapping a socket in TLS detaches the object it was made with, and
+    shutting a duplicate down ends the connection the TLS socket reads from.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.expired = False
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Watchdog:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._timer.cancel()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            sock.close()
+
+    def watch(self, sock: socket.socket) -> None:
+        """Shut ``sock``'s connection down at the deadline (at once if it has passed)."""
+        duplicate = sock.dup()
+        with self._lock:
+            self._sockets.append(duplicate)
+            expired = self.expired
+        if expired:
+            _shut(duplicate)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class _WatchedConnection(urllib3.connection.HTTPSConnection):
+    """urllib3's HTTPS connection, its socket handed to the fetch's watchdog as soon as
+    it exists, so that the TLS handshake is bounded too."""
+
+    def __init__(self, *args: Any, watchdog: _Watchdog, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._watchdog = watchdog
+
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()
+        self._watchdog.watch(sock)
+        return sock
+
+
+class _WatchedPool(urllib3.HTTPSConnectionPool):
+    """A pool whose connections the watchdog given (``watchdog=``) ends at the deadline."""
+
+    ConnectionCls = _WatchedConnection
 
 
 class _UnreachableError(PolicyError):

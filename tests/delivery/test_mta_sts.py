@@ -4,6 +4,7 @@ real server on loopback, the policies kept, and the SMTP client's TLS under a po
 from __future__ import annotations
 
 import ipaddress
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,7 +15,7 @@ from bumail_queue.delivery.mta_sts import MAX_POLICY_SIZE, PolicyError, STSPolic
 from bumail_queue.items import RecipientStatus
 from bumail_queue.stores.memory import MemoryStore
 from bumail_queue.sts import STSMode, STSPolicy, TLSResult
-from tests.helpers import FakeClock
+from tests.helpers import FakeClock, wait_until
 from tests.servers.dns import LOOPBACK_NETWORKS, DNSZone, LoopbackDNSServer
 from tests.servers.https import PolicyResponse, PolicyServer, Request, TestPKI, policy_text
 from tests.servers.smtp import SMTPTestServer
@@ -336,6 +337,57 @@ def test_a_failed_fetch_is_not_tried_again_for_five_minutes(dns_server, policy_s
     policy_server.responses[POLICY_HOST] = PolicyResponse(policy_text("enforce", "mx.sts.test"))
     assert finder.policy_for(DOMAIN).mode is STSMode.ENFORCE
     assert policy_server.count(POLICY_HOST) == 2
+
+
+def test_a_policy_host_that_dribbles_its_status_line_and_headers_is_cut_off_at_the_fetch_deadline(
+    dns_server, policy_server, test_pki
+):
+    # One byte every 0.2 s: each read gets its bytes well within its own timeout, and
+    # the answer would take about 20 s in all; the fetch has one second.
+    announce(dns_server)
+    policy_server.responses[POLICY_HOST] = PolicyResponse(policy_text("enforce", "mx.sts.test"), dribble=0.2)
+    finder = STSPolicies(
+        cache=MemoryStore(get_settings()),
+        nameservers=dns_server.nameservers,
+        https_port=policy_server.port,
+        ca_file=test_pki.ca_file,
+        allowed_networks=LOOPBACK,
+        clock=Clock(),
+        fetch_seconds=1.0,
+    )
+    found = finder.policy_for(DOMAIN)
+
+    assert (found.policy, found.failure) == (None, TLSResult.STS_POLICY_FETCH_ERROR)
+    assert (
+        found.reason == f"https://{POLICY_HOST}:{policy_server.port}/.well-known/mta-sts.txt took longer than 1 seconds"
+    )
+    assert wait_until(lambda: policy_server.dribbles_cut == 1)  # the server saw the client hang up
+
+
+def test_threads_waiting_for_a_fetch_under_way_give_up_at_the_deadline_of_their_own(
+    dns_server, policy_server, test_pki
+):
+    announce(dns_server)
+    policy_server.responses[POLICY_HOST] = PolicyResponse(policy_text("enforce", "mx.sts.test"), dribble=0.2)
+    finder = STSPolicies(
+        cache=MemoryStore(get_settings()),
+        nameservers=dns_server.nameservers,
+        https_port=policy_server.port,
+        ca_file=test_pki.ca_file,
+        allowed_networks=LOOPBACK,
+        clock=Clock(),
+        fetch_seconds=1.0,
+    )
+    found: list[object] = []
+    threads = [threading.Thread(target=lambda: found.append(finder.policy_for(DOMAIN))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    assert not any(thread.is_alive() for thread in threads)
+    assert [f.failure for f in found] == [TLSResult.STS_POLICY_FETCH_ERROR] * 4  # type: ignore[attr-defined]
+    assert policy_server.count(POLICY_HOST) == 1  # one fetch for all of them
 
 
 # -- the SMTP client's TLS under a policy -----------------------------------------------------

@@ -15,7 +15,8 @@ Fixtures (a conftest loads them with ``pytest_plugins``):
 A :class:`PolicyServer` answers each request from ``responses``, by the name in its
 ``Host`` header (without the port): a :class:`PolicyResponse` (``body``, ``status``,
 ``content_type``, extra ``headers``, ``content_length=False`` to end the body by
-closing the connection). A name it lacks gets 404. It records each
+closing the connection, ``dribble`` seconds between the bytes of the status line
+and the headers, as a hostile policy host sends them). A name it lacks gets 404. It records each
 request in ``requests``: the ``Host`` header, the path, and the name the client
 sent in SNI.
 """
@@ -27,6 +28,7 @@ import datetime
 import http.server
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,7 @@ class PolicyResponse:
     content_type: str | None = "text/plain"
     headers: dict[str, str] = dataclasses.field(default_factory=dict)
     content_length: bool = True  # False: the body ends when the connection closes
+    dribble: float = 0.0  # seconds between the bytes of the status line and headers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +69,7 @@ class PolicyServer:
     def __init__(self, context: ssl.SSLContext) -> None:
         self.responses: dict[str, PolicyResponse] = {}
         self.requests: list[Request] = []
+        self.dribbles_cut = 0  # dribbled answers the client hung up on
         self._sni = threading.local()
         self._lock = threading.Lock()
         context.sni_callback = self._remember_sni
@@ -103,8 +107,23 @@ class PolicyServer:
                     self.send_header(name, value)
                 if answer.content_length:
                     self.send_header("Content-Length", str(len(answer.body)))
+                if answer.dribble:
+                    self._dribble(answer)
+                    return
                 self.end_headers()
                 self.wfile.write(answer.body)
+
+            def _dribble(self, answer: PolicyResponse) -> None:
+                head = b"".join(self._headers_buffer) + b"\r\n"  # type: ignore[attr-defined]
+                self._headers_buffer = []  # type: ignore[attr-defined]
+                try:
+                    for index in range(len(head)):
+                        self.wfile.write(head[index : index + 1])
+                        self.wfile.flush()
+                        time.sleep(answer.dribble)
+                    self.wfile.write(answer.body)
+                except OSError:
+                    server.dribbles_cut += 1  # the client hung up
 
             def log_message(self, format: str, *args: Any) -> None:  # quiet
                 pass
