@@ -114,8 +114,14 @@ class Patterns:
 
     ``name`` is the recipient domain of an MX route, or the smarthost's host name;
     ``hosts`` are the names of the hosts its mail goes to (the MX hosts, or the
-    smarthost). The order: the exact name, then the longest MX suffix that one of the
-    hosts ends with, then ``"*"``; ``None`` when nothing matches.
+    smarthost). The order: the exact name, then the longest MX suffix that every one
+    of the hosts ends with, then ``"*"``; ``None`` when nothing matches.
+
+    Every host, not one: a suffix's bucket is shared by all the domains it matches,
+    and a domain whose owner adds one of a provider's hosts to its own MX records must
+    not join that provider's bucket, where its own server's "slow down" would
+    suspend, and its tarpits hold, every other domain's mail (KumoMTA likewise names
+    a site by the whole MX set).
     """
 
     def __init__(self, shaping: Mapping[str, Limits]) -> None:
@@ -138,7 +144,7 @@ class Patterns:
         if self.suffixes and hosts:
             names = [host.rstrip(".").lower() for host in hosts]
             for suffix, limits in self.suffixes:  # the longest first
-                if any(host.endswith(suffix) for host in names):
+                if all(host.endswith(suffix) for host in names):
                     return Shape(key=suffix, pattern=suffix, limits=limits)
         if self.default is not None:
             return Shape(key=name, pattern=DEFAULT_PATTERN, limits=self.default)

@@ -31,6 +31,7 @@ from bumail_queue.shaping import (
 )
 from bumail_queue.stores.memory import MemoryStore
 from tests.helpers import ScriptedTransport
+from tests.servers.dns import DNSZone
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
 # MTA_STS off: these tests resolve MX hosts themselves, and no TXT lookup may leave loopback.
@@ -70,12 +71,22 @@ def test_the_exact_domain_comes_first():
     assert (found.key, found.pattern, found.limits.concurrency) == ("example.com", "example.com", 1)
 
 
-def test_then_the_longest_mx_suffix_one_of_the_hosts_ends_with_shared_by_its_domains():
+def test_then_the_longest_mx_suffix_every_host_ends_with_shared_by_its_domains():
     patterns = Patterns(LIMITS)
-    one = patterns.match("one.example", ["alt1.aspmx.l.google.com", "mx.one.example"])
+    one = patterns.match("one.example", ["alt1.aspmx.l.google.com", "aspmx.l.google.com"])
     two = patterns.match("two.example", ["ASPMX.L.GOOGLE.COM."])
-    other = patterns.match("three.example", ["smtp.google.com"])
+    other = patterns.match("three.example", ["aspmx.l.google.com", "smtp.google.com"])
     assert (one.key, two.key, other.key) == (".l.google.com", ".l.google.com", ".google.com")
+
+
+def test_a_domain_with_one_host_of_its_own_beside_a_providers_is_not_shaped_as_the_provider():
+    # Its owner chose every MX host: one of Google's among them does not make it Google.
+    found = Patterns(LIMITS).match("attack.example", ["mx.attacker.example", "aspmx.l.google.com"])
+    assert (found.key, found.pattern) == ("attack.example", "*")
+    assert (
+        Patterns({".google.com": Limits()}).match("attack.example", ["mx.attacker.example", "aspmx.l.google.com"])
+        is None
+    )
 
 
 def test_then_the_default_which_gives_each_destination_its_own_bucket():
@@ -525,3 +536,49 @@ def test_the_admin_overview_shows_throttled_destinations(shaped, client):
     assert "Shaped destinations" in page
     assert '<tr data-destination="slow.example" class="bq-throttled">' in page
     assert '<tr data-destination="busy.example" class="bq-throttled">' in page
+
+
+# -- a stranger's domain and a provider's bucket ---------------------------------------------
+
+
+@pytest.fixture(params=["orm", pytest.param("redis", marks=pytest.mark.redis)])
+def store_settings(request):
+    return request.getfixturevalue("redis_settings") if request.param == "redis" else {"STORE": "orm"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_domain_listing_a_providers_mx_beside_its_own_cannot_suspend_the_providers_bucket(
+    smtp_servers, dns_server, store_settings
+):
+    # attack.test names its own server first, then Google's; that server says "slow
+    # down". Were attack.test shaped as ".google.test", the reply would suspend Google's
+    # bucket for every worker, and the mail of the domains Google hosts would wait.
+    attacker = smtp_servers(message_reply="451 4.7.0 Try again later, closing connection")
+    google = smtp_servers(host="127.0.0.2", port=attacker.port)
+    records = {
+        "attack.test": {"MX": [(10, "mx.attacker.test"), (90, "aspmx.l.google.test")]},
+        "mx.attacker.test": {"A": [attacker.host]},
+        "aspmx.l.google.test": {"A": [google.host]},
+    }
+    hosted = [f"hosted{n}.test" for n in range(4)]
+    records.update({domain: {"MX": [(10, "aspmx.l.google.test")]} for domain in hosted})
+    dns_server.zone = DNSZone(records)
+    settings = {
+        **MX,
+        **dns_server.queue_settings(attacker.port),
+        **store_settings,
+        "SHAPING": {".google.test": {"CONCURRENCY": 10, "SUSPEND": 300}},
+    }
+    with override_settings(BUMAIL_QUEUE=settings):
+        queue = QueueService()
+        queue.enqueue(EmailMessage("Sign up", "Hi", "app@example.com", ["me@attack.test"]))
+        first = queue.deliver_due()
+        for domain in hosted:
+            queue.enqueue(EmailMessage("Hello", "Hi", "app@example.com", [f"user@{domain}"]))
+        second = queue.deliver_due()
+        states = queue.destination_states()
+
+    assert (first.deferred, attacker.verbs().count("DATA")) == (1, 1)  # its own server gave the reply
+    assert (second.held, second.delivered) == (0, 4)
+    assert sorted(m.rcpt_tos[0] for m in google.messages) == sorted(f"user@{d}" for d in hosted)
+    assert not [s for s in states if s.suspended_until is not None]
