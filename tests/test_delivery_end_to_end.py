@@ -17,6 +17,7 @@ from bumail_queue.stores import get_store
 from tests.helpers import (
     postgres_worker_idle,
     printed,
+    read_all,
     running_worker,
     smarthost,
     start_worker,
@@ -218,3 +219,65 @@ def test_a_worker_whose_database_connections_drop_reconnects_and_keeps_deliverin
         assert wait_until(lambda: len(smtp_server.messages) == 2), "the worker stopped delivering"
     assert worker.returncode == 0
     assert any("STORE_UNAVAILABLE" in line for line in lines), "the dropped connection was not reported"
+
+
+def settled(count, quiet_seconds=1.0):
+    """For ``wait_until``: whether ``count()`` has not changed for ``quiet_seconds``."""
+    import time
+
+    last = [count(), time.monotonic()]
+
+    def check():
+        now = count()
+        if now != last[0]:
+            last[:] = [now, time.monotonic()]
+            return False
+        return time.monotonic() - last[1] >= quiet_seconds
+
+    return check
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_delivery_stops_while_outcomes_cannot_be_recorded_and_a_kill_resends_only_those(smtp_server):
+    # The delivery log's table is locked, so the recorder blocks on its first batch; the
+    # worker then starts no session once a claim's worth of outcomes waits. Killed
+    # there, it leaves to be sent again only what it had delivered and not recorded.
+    import psycopg
+
+    concurrency, claim = 4, 20
+    backlog = max(concurrency, claim)  # Worker._record_backlog_limit
+    settings = smarthost(
+        smtp_server, POLL_SECONDS=0.2, LEASE_SECONDS=2, CONCURRENCY=concurrency, CLAIM_BATCH_SIZE=claim
+    )
+    with override_settings(BUMAIL_QUEUE=settings):
+        queue.enqueue_many(
+            [EmailMessage(f"m{n}", "Body", "app@example.com", [f"u{n}@example.org"]) for n in range(300)]
+        )
+    params = connection.settings_dict
+    dsn = f"postgresql://{params['USER']}@{params['HOST'] or '127.0.0.1'}:{params['PORT'] or 5432}/{params['NAME']}"
+    with psycopg.connect(dsn) as locker:
+        locker.execute("LOCK TABLE bumail_queue_delivery_log IN ACCESS EXCLUSIVE MODE")
+        killed = start_worker(settings)
+        lines, _ = read_all(killed)
+        try:
+            assert wait_until(lambda: len(smtp_server.messages) > 0), "nothing was delivered"
+            assert wait_until(settled(lambda: len(smtp_server.messages)), 60), "delivery did not stop"
+            sent_while_locked = len(smtp_server.messages)
+            killed.kill()
+            killed.wait(timeout=10)
+        finally:
+            if killed.poll() is None:
+                killed.kill()
+        locker.rollback()
+
+    # At most the backlog and the sessions that were under way when it filled.
+    assert sent_while_locked <= backlog + concurrency, "".join(lines)
+    with override_settings(BUMAIL_QUEUE=settings):
+        stats = queue.deliver_due(now=timezone.now() + timedelta(seconds=5))  # past the leases
+        assert queue.count() == 0
+    received = [m.rcpt_tos[0] for m in smtp_server.messages]
+    assert set(received) == {f"u{n}@example.org" for n in range(300)}
+    duplicates = len(received) - 300
+    assert 0 < duplicates <= backlog + concurrency
+    assert stats.delivered == 300 - (sent_while_locked - duplicates)

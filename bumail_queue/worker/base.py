@@ -36,7 +36,7 @@ from bumail_queue.shaper import Shaper
 from bumail_queue.stores import QueueStore, get_store
 from bumail_queue.suppression import Suppression
 
-from .sessions import Session
+from .sessions import SLOW_SESSIONS_PER_SLOT, Session
 
 if TYPE_CHECKING:
     from bumail_queue.delivery.mta_sts import STSPolicies
@@ -132,9 +132,10 @@ class WorkerBase:
         # The last claim took fewer items than it asked for: the queue had no more due,
         # so finished sessions need not wake the loop to claim until mail is announced.
         self._drained = False
-        # Set while no session is under way: the recorder stops waiting for more.
-        self._sessions_idle = threading.Event()
-        self._sessions_idle.set()
+        # Set while no session is under way, or while outcomes wait past the backlog's
+        # limit: the recorder stops waiting for more to record in one commit.
+        self._record_now = threading.Event()
+        self._record_now.set()
         # SHAPING's side: None without it, so an unshaped worker never asks the store.
         self.shaper = Shaper.of(settings=self.settings, store=self.store, owner=self.owner, clock=clock)
         # The earliest time an item this worker held back for shaping falls due again:
@@ -255,6 +256,47 @@ class WorkerBase:
         for a claim's round trips every batch.
         """
         return max(self.concurrency, self.settings.claim_batch_size // 2)
+
+    @property
+    def _slow_session_limit(self) -> int:
+        """How many slow sessions may run beyond ``CONCURRENCY``."""
+        return self.concurrency * SLOW_SESSIONS_PER_SLOT
+
+    def _slow_sessions(self, now: float) -> int:
+        """How many sessions under way wait on their peers (call with ``_changed`` held)."""
+        return sum(1 for session in self._sessions.values() if session.is_slow(now))
+
+    def _sessions_making_progress(self, now: float) -> int:
+        """The sessions that count against ``CONCURRENCY`` (call with ``_changed`` held):
+        all those under way but the slow ones, up to the slow sessions' own limit."""
+        return len(self._sessions) - min(self._slow_sessions(now), self._slow_session_limit)
+
+    @property
+    def _record_backlog_limit(self) -> int:
+        """How many outcomes may wait to be recorded while sessions go on.
+
+        Delivery may not run ahead of recording: an outcome not yet recorded is mail
+        that goes again if the worker dies, and one whose lease the worker must keep
+        renewing. Postfix's queue manager likewise gives a delivery agent work only
+        after it has reported. As many as ``CONCURRENCY``, or a claim's worth
+        (``CLAIM_BATCH_SIZE``) when that is more: the recorder writes all that waits in
+        one commit, so a healthy store never holds delivery back, and a worker of few
+        sessions still records many outcomes a commit.
+        """
+        return max(self.concurrency, self.settings.claim_batch_size)
+
+    def _recording_behind(self) -> bool:
+        """Whether no session may start (nor a follower) until the recorder catches up
+        (call with ``_changed`` held).
+
+        The outcomes waiting and the sessions under way that count against
+        ``CONCURRENCY`` together stay within the backlog's limit and ``CONCURRENCY``:
+        that many is the most a worker killed at any moment has delivered and not
+        recorded, and so the most sent again (the slow sessions aside, which wait on
+        their peers).
+        """
+        unrecorded = len(self._ended) + self._sessions_making_progress(time.monotonic())
+        return unrecorded >= self._record_backlog_limit + self.concurrency
 
     def _sessions_under_way(self) -> int:
         """How many items are being delivered (call with ``_changed`` held): started,

@@ -35,7 +35,7 @@ class Followers(WorkerBase):
         """
         key = destination.limit_key
         with self._changed:
-            if self.stopping or handoff.follower is not None:
+            if self.stopping or handoff.follower is not None or self._recording_behind():
                 return None
             for index, (item, keys) in enumerate(self._waiting):
                 if keys != {key} or (message := self._prefetched.get(item.id)) is None:

@@ -28,7 +28,6 @@ from .sessions import (
     PREFETCH_BATCH_LIMIT,
     PREFETCH_MESSAGE_LIMIT,
     SLOW_SESSION_MESSAGE_LIMIT,
-    SLOW_SESSIONS_PER_SLOT,
     Follower,
     Handoff,
     Session,
@@ -198,6 +197,8 @@ class Worker(Attempts, Recording, Upkeep):
         with self._changed:
             if self.stopping:
                 return  # what waits is given back, not started
+            if self._recording_behind():
+                return  # the recorder wakes the loop once it has caught up
             now = time.monotonic()
             sessions = self._sessions_making_progress(now)
             still_waiting = []
@@ -212,7 +213,7 @@ class Worker(Attempts, Recording, Upkeep):
                 self._in_flight[item.id] = item
                 self._sessions[item.id] = Session(started=now, may_turn_slow=item.size <= SLOW_SESSION_MESSAGE_LIMIT)
                 sessions += 1
-                self._sessions_idle.clear()
+                self._record_now.clear()
                 pool.submit(functools.partial(self._deliver, item, keys, pool))
             self._waiting = still_waiting
 
@@ -232,23 +233,9 @@ class Worker(Attempts, Recording, Upkeep):
             else:
                 self._forget(item.id)
             self._start_what_fits(pool)  # before the recorder can see no session under way
-            if not self._sessions_under_way():
-                self._sessions_idle.set()
+            if not self._sessions_under_way() or self._recording_behind():
+                self._record_now.set()
             self._wake_loop_if_needed()
-
-    @property
-    def _slow_session_limit(self) -> int:
-        """How many slow sessions may run beyond ``CONCURRENCY``."""
-        return self.concurrency * SLOW_SESSIONS_PER_SLOT
-
-    def _slow_sessions(self, now: float) -> int:
-        """How many sessions under way wait on their peers (call with ``_changed`` held)."""
-        return sum(1 for session in self._sessions.values() if session.is_slow(now))
-
-    def _sessions_making_progress(self, now: float) -> int:
-        """The sessions that count against ``CONCURRENCY`` (call with ``_changed`` held):
-        all those under way but the slow ones, up to the slow sessions' own limit."""
-        return len(self._sessions) - min(self._slow_sessions(now), self._slow_session_limit)
 
     def _seconds_until_a_session_turns_slow(self) -> float | None:
         """When a session under way next frees a ``CONCURRENCY`` slot by turning slow,

@@ -39,8 +39,9 @@ class Recording(WorkerBase):
                 batch = [first]
                 # Let the batch fill while sessions are under way: a commit per few
                 # attempts costs the database and this process far more than the
-                # milliseconds the outcomes wait (the leases hold meanwhile).
-                self._sessions_idle.wait(RECORD_LINGER_SECONDS)
+                # milliseconds the outcomes wait (the leases hold meanwhile). Not once
+                # the backlog is full: sessions wait for it to be recorded.
+                self._record_now.wait(RECORD_LINGER_SECONDS)
                 while len(batch) < RECORD_BATCH_LIMIT:
                     try:
                         attempt = self._to_record.get_nowait()
@@ -59,9 +60,13 @@ class Recording(WorkerBase):
                         report_error(error, attempt.item.id)
                 finally:
                     with self._changed:
+                        behind = self._recording_behind()
                         for attempt in batch:
                             self._forget(attempt.item.id)
-                        self._wake_loop_if_needed()
+                        if behind:
+                            self._changed.notify_all()  # the loop starts what waited for this
+                        else:
+                            self._wake_loop_if_needed()
         finally:
             connections.close_all()
 
