@@ -187,6 +187,8 @@ class MTASTSPolicy(models.Model):
     mx = models.JSONField(_("mx patterns"), default=list)
     max_age = models.PositiveIntegerField(_("max age"))
     fetched_at = models.DateTimeField(_("fetched at"))
+    # fetched_at + max_age, kept so that the expired are found by an index, not a scan.
+    expires_at = models.DateTimeField(_("expires at"), db_index=True)
 
     class Meta:
         db_table = "bumail_queue_mta_sts_policies"
@@ -195,6 +197,25 @@ class MTASTSPolicy(models.Model):
 
     def __str__(self) -> str:
         return f"{self.domain} ({self.mode}, id {self.policy_id})"
+
+
+class MTASTSFailure(models.Model):
+    """A recipient domain's MTA-STS policy that could not be fetched: no worker fetches
+    that policy id again before ``until`` (``docs/mta-sts.md``)."""
+
+    domain = models.CharField(_("domain"), max_length=255, primary_key=True)
+    policy_id = models.CharField(_("policy id"), max_length=32)
+    result = models.CharField(_("result type"), max_length=32)
+    reason = models.TextField(_("reason"))
+    until = models.DateTimeField(_("not fetched again until"), db_index=True)
+
+    class Meta:
+        db_table = "bumail_queue_mta_sts_failures"
+        verbose_name = _("MTA-STS fetch failure")
+        verbose_name_plural = _("MTA-STS fetch failures")
+
+    def __str__(self) -> str:
+        return f"{self.domain} (id {self.policy_id}, {self.result})"
 
 
 class TLSReportCount(models.Model):

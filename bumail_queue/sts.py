@@ -1,7 +1,8 @@
 """The store-neutral values of MTA-STS (RFC 8461) and TLS reporting (RFC 8460).
 
 A domain's policy as fetched (``STSPolicy``), kept by the store so that every worker
-applies the one policy, and the counts of TLS sessions a day's report is made of
+applies the one policy, a fetch that failed (``STSFailure``), kept so that no worker
+tries it again for a while, and the counts of TLS sessions a day's report is made of
 (``TLSSessionCount``). The delivery layer fetches, applies and counts; the stores keep
 these values and know nothing of HTTPS or SMTP.
 """
@@ -14,6 +15,10 @@ from datetime import date, datetime, timedelta
 
 #: RFC 8461 §3.2: ``max_age`` is at most 31557600 seconds (about a year).
 MAX_AGE_LIMIT = 31_557_600
+#: The most ``mx`` patterns a policy may have: past it the policy is refused as not
+#: valid. The 64 KiB a policy may be would hold about 2,900, which every worker would
+#: keep and read; real policies name a handful.
+MAX_MX_PATTERNS = 100
 
 
 class STSMode(enum.StrEnum):
@@ -121,3 +126,16 @@ class TLSSessionCount:
     def kind(self) -> tuple[date, str, str, str, str, str]:
         """Return what counts of one kind share (see the class's doc)."""
         return (self.day, self.domain, self.policy_id, self.result or "", self.mx_host, self.address)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class STSFailure:
+    """A fetch of ``domain``'s policy ``policy_id`` that failed: no worker fetches that
+    policy again before ``until`` (RFC 8461 §3.3 lets senders limit how often they
+    fetch). ``result`` and ``reason`` are what the TLS report says of it."""
+
+    domain: str
+    policy_id: str
+    result: TLSResult
+    reason: str
+    until: datetime

@@ -345,6 +345,23 @@ def test_a_second_worker_applies_the_kept_policy_without_fetching_it(world, stor
     assert policy["summary"]["total-successful-session-count"] == 2
 
 
+def test_a_policy_host_that_fails_is_asked_once_however_many_passes_run(world, store_settings):
+    # Each pass (a delivery task, a cron run) is a worker of its own: the store keeps
+    # the failed fetch for them all, for five minutes.
+    server = world.mx_host("mx.sts.test", tls=None)
+    world.publish("enforce", "mx.sts.test")
+    world.policies.responses[POLICY_HOST] = PolicyResponse(b"down", status=503)
+    settings = world.settings(**store_settings)
+    for _ in range(5):
+        assert send(settings) is None  # no policy could be had: the mail goes as without one
+    assert world.policies.count(POLICY_HOST) == 1
+    assert len(server.messages) == 5
+    with override_settings(BUMAIL_QUEUE=settings):
+        later = timezone.now() + timedelta(minutes=6)
+        assert get_store().get_sts_failure(DOMAIN, "20260301", now=later) is None  # lapsed by then
+        assert get_store().purge_sts(now=later) == 1
+
+
 def test_a_changed_id_makes_the_next_worker_fetch_the_new_policy(world, store_settings):
     server = world.mx_host("mx.sts.test", tls=None)
     world.publish("testing", "mx.sts.test", policy_id="one")

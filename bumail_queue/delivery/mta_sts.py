@@ -19,7 +19,7 @@
    its ``max_age`` runs out); without one, the domain has no policy.
 
 A fetch that failed is not tried again for the same id for
-``FAILED_FETCH_MEMORY_SECONDS``, and threads that need one domain's policy at once
+``FAILED_FETCH_MEMORY_SECONDS``, by any worker (the store keeps the failure), and threads that need one domain's policy at once
 wait for one fetch. ``AppliedPolicy`` then says what the policy does to the route
 and its MX hosts (``enforce``: only hosts its ``mx`` patterns match, verified TLS)
 and turns the sessions' TLS into the counts of the TLS report (RFC 8460).
@@ -42,7 +42,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from typing import Any, Protocol
 
 import dns.exception
@@ -59,7 +59,7 @@ from dns.rdtypes.IN.AAAA import AAAA
 from bumail_queue.addresses import a_labels
 from bumail_queue.conf import Route
 from bumail_queue.items import Outcome, RecipientStatus, Reply
-from bumail_queue.sts import MAX_AGE_LIMIT, STSMode, STSPolicy, TLSResult, TLSSessionCount
+from bumail_queue.sts import MAX_AGE_LIMIT, MAX_MX_PATTERNS, STSFailure, STSMode, STSPolicy, TLSResult, TLSSessionCount
 
 from .dns import IPNetwork, destination_refusal, make_resolver
 from .envelope import Host, TLSSession
@@ -121,11 +121,18 @@ class PolicyError(Exception):
 
 
 class PolicyCache(Protocol):
-    """Where policies are kept for every worker (``QueueStore`` has these two methods)."""
+    """Where policies, and the fetches that failed, are kept for every worker
+    (``QueueStore`` has these methods)."""
 
     def get_sts_policy(self, domain: str) -> STSPolicy | None: ...
 
     def put_sts_policy(self, policy: STSPolicy) -> None: ...
+
+    def get_sts_failure(self, domain: str, policy_id: str, *, now: datetime) -> STSFailure | None: ...
+
+    def put_sts_failure(self, failure: STSFailure) -> None: ...
+
+    def purge_sts(self, *, now: datetime) -> int: ...
 
 
 def parse_txt(texts: Sequence[str]) -> str | None:
@@ -181,6 +188,8 @@ def parse_policy(text: str, *, domain: str, policy_id: str, fetched_at: datetime
     for pattern in patterns:
         if not _MX_PATTERN.fullmatch(pattern):
             raise _invalid(f"the mx {pattern!r} is neither a host name nor '*.' and a domain")
+    if len(patterns) > MAX_MX_PATTERNS:
+        raise _invalid(f"it has {len(patterns)} mx patterns, more than the {MAX_MX_PATTERNS} a policy may have here")
     if not patterns and mode is not STSMode.NONE:
         raise _invalid(f"it names no mx, which the mode {mode.value!r} needs")
     return STSPolicy(
@@ -427,7 +436,7 @@ class STSPolicies:
                     f"The fetch of the policy of {domain} under way took longer than {self._fetch_seconds:g} seconds"
                 )
         try:
-            policy = self._fetch(domain, policy_id)
+            policy = self._fetch_unless_failed(domain, policy_id)
         except PolicyError as error:
             with self._lock:
                 if len(self._failed) >= _MEMORY_LIMIT:
@@ -441,9 +450,38 @@ class STSPolicies:
         self._remember(policy)
         try:
             self._cache.put_sts_policy(policy)
+            # A fetch is rare (once per policy per max_age): the time to drop what expired.
+            self._cache.purge_sts(now=self._clock())
         except Exception as error:  # still applied here; another worker fetches its own
             logger.warning("MTA-STS policy of %s not kept in the store: %s", domain, error)
         return policy
+
+    def _fetch_unless_failed(self, domain: str, policy_id: str) -> STSPolicy:
+        """Fetch the policy, unless a fetch of it by any worker failed within the last
+        ``FAILED_FETCH_MEMORY_SECONDS``: the store keeps failures for every worker and
+        every pass (``queue.deliver_due()`` makes a worker of its own each time)."""
+        try:
+            failed = self._cache.get_sts_failure(domain, policy_id, now=self._clock())
+        except Exception as error:  # the store is down: fetch, as if nothing had failed
+            logger.warning("MTA-STS fetch failures of %s not read from the store: %s", domain, error)
+            failed = None
+        if failed is not None:
+            raise PolicyError(failed.result, failed.reason)
+        try:
+            return self._fetch(domain, policy_id)
+        except PolicyError as error:
+            failure = STSFailure(
+                domain=domain,
+                policy_id=policy_id,
+                result=error.result,
+                reason=error.text,
+                until=self._clock() + timedelta(seconds=FAILED_FETCH_MEMORY_SECONDS),
+            )
+            try:
+                self._cache.put_sts_failure(failure)
+            except Exception as stored:  # this worker still remembers it
+                logger.warning("MTA-STS fetch failure of %s not kept in the store: %s", domain, stored)
+            raise
 
     def _fetch(self, domain: str, policy_id: str) -> STSPolicy:
         deadline = self._monotonic() + self._fetch_seconds

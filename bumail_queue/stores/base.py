@@ -24,7 +24,9 @@ Every store runs the same contract suite (``bumail_queue.testing.StoreContract``
 - ``gauges`` is exact on a queue of up to ``gauge_sample_rows`` items; beyond, a store
   may estimate from a sample, and says so (``exact`` false).
 - MTA-STS policies are kept one per domain, the last put replacing the one before,
-  expired or not (the caller compares ``expires_at`` with its own time); TLS session
+  expired or not (the caller compares ``expires_at`` with its own time) until
+  ``purge_sts`` deletes those expired; so are failed fetches, each for its policy id
+  until its ``until``; TLS session
   counts of one kind add up, in one step per call, and a day's are read back whole.
 - The suppression list is keyed by ``addresses.normal_address``: an address is found
   however its domain is written. An entry is in force until its ``expires_at``; one
@@ -62,7 +64,7 @@ from bumail_queue.queries import (
     summarize,
 )
 from bumail_queue.shaping import DestinationState, Permit, PermitRequest, WindowChange
-from bumail_queue.sts import STSPolicy, TLSSessionCount
+from bumail_queue.sts import STSFailure, STSPolicy, TLSSessionCount
 from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate
 from bumail_queue.text import is_keepable, require_keepable
 
@@ -327,6 +329,19 @@ class QueueStore(abc.ABC):
         """Keep ``policy`` for its domain, in place of the one kept before."""
 
     @abc.abstractmethod
+    def get_sts_failure(self, domain: str, policy_id: str, *, now: datetime) -> STSFailure | None:
+        """Return the failed fetch of ``domain``'s policy ``policy_id`` kept until after ``now``, or ``None``."""
+
+    @abc.abstractmethod
+    def put_sts_failure(self, failure: STSFailure) -> None:
+        """Keep ``failure`` for its domain, in place of the one kept before."""
+
+    @abc.abstractmethod
+    def purge_sts(self, *, now: datetime) -> int:
+        """Delete the policies expired at ``now`` and the failures kept until ``now`` or
+        before; return how many went. Cheap: an index finds them, however many are kept."""
+
+    @abc.abstractmethod
     def count_tls_sessions(self, counts: Sequence[TLSSessionCount]) -> None:
         """Add ``counts`` to those kept, all in one step.
 
@@ -492,6 +507,12 @@ class QueueStore(abc.ABC):
         """Refuse a policy holding text no store can keep (``INVALID``)."""
         for text in (policy.domain, policy.id, *policy.mx):
             require_keepable(text, "MTA-STS policy")
+
+    @staticmethod
+    def validate_sts_failure(failure: STSFailure) -> None:
+        """Refuse a failure holding text no store can keep (``INVALID``)."""
+        for text in (failure.domain, failure.policy_id, failure.reason):
+            require_keepable(text, "MTA-STS fetch failure")
 
     @staticmethod
     def validate_tls_counts(counts: Sequence[TLSSessionCount]) -> None:

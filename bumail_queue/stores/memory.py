@@ -16,7 +16,7 @@ from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, fair_order
 from bumail_queue.queries import SEARCH_HEAD_BYTES, ItemQuery, QueueGauges, gauges_of, headers_contain, lane_order
 from bumail_queue.shaping import Bucket, DestinationState, Permit, PermitRequest, WindowChange, seconds
-from bumail_queue.sts import STSPolicy, TLSSessionCount
+from bumail_queue.sts import STSFailure, STSPolicy, TLSSessionCount
 from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate, address_holds, search_form
 
 from .base import MESSAGE_HEAD_BYTES, QueueStore
@@ -45,6 +45,7 @@ class MemoryStore(QueueStore):
         self._seq = itertools.count(1)
         self._last_channel = ""  # where the channels' round-robin stands
         self._sts_policies: dict[str, STSPolicy] = {}
+        self._sts_failures: dict[str, STSFailure] = {}
         self._tls_counts: dict[tuple[Any, ...], TLSSessionCount] = {}
         # The suppression list by normal address, and the notes of a first expiry (until when).
         self._suppressed: dict[str, Suppression] = {}
@@ -248,6 +249,28 @@ class MemoryStore(QueueStore):
         self.validate_sts_policy(policy)
         with self._lock:
             self._sts_policies[policy.domain] = policy
+
+    def get_sts_failure(self, domain: str, policy_id: str, *, now: datetime) -> STSFailure | None:
+        with self._lock:
+            failure = self._sts_failures.get(domain)
+        if failure is None or failure.policy_id != policy_id or failure.until <= now:
+            return None
+        return failure
+
+    def put_sts_failure(self, failure: STSFailure) -> None:
+        self.validate_sts_failure(failure)
+        with self._lock:
+            self._sts_failures[failure.domain] = failure
+
+    def purge_sts(self, *, now: datetime) -> int:
+        with self._lock:
+            policies = [d for d, p in self._sts_policies.items() if p.expires_at <= now]
+            failures = [d for d, f in self._sts_failures.items() if f.until <= now]
+            for domain in policies:
+                del self._sts_policies[domain]
+            for domain in failures:
+                del self._sts_failures[domain]
+        return len(policies) + len(failures)
 
     def count_tls_sessions(self, counts: Sequence[TLSSessionCount]) -> None:
         self.validate_tls_counts(counts)

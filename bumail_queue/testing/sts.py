@@ -16,6 +16,7 @@ from bumail_queue.sts import STSMode, TLSResult
 from bumail_queue.testing.values import (
     LEASE,
     T0,
+    sts_failure,
     sts_policy,
     tls_count,
 )
@@ -49,6 +50,44 @@ class STSContract:
             store.put_sts_policy(sts_policy("example.org", id="bad\x00"))
         assert caught.value.code == "INVALID"
         assert store.get_sts_policy("example.org") is None
+
+    def test_a_failed_fetch_is_kept_per_domain_for_its_policy_id_until_it_lapses(self, store: QueueStore) -> None:
+        failure = sts_failure("example.org", id="one", until=T0 + timedelta(minutes=5))
+        store.put_sts_failure(failure)
+        assert store.get_sts_failure("example.org", "one", now=T0) == failure
+        assert store.get_sts_failure("example.org", "two", now=T0) is None  # another id is fetched
+        assert store.get_sts_failure("example.net", "one", now=T0) is None
+        assert store.get_sts_failure("example.org", "one", now=T0 + timedelta(minutes=5)) is None  # lapsed
+        later = sts_failure("example.org", id="two", until=T0 + timedelta(minutes=10))
+        store.put_sts_failure(later)
+        assert store.get_sts_failure("example.org", "one", now=T0) is None  # replaced
+        assert store.get_sts_failure("example.org", "two", now=T0) == later
+
+    def test_a_purge_drops_the_expired_policies_and_lapsed_failures_only(self, store: QueueStore) -> None:
+        store.put_sts_policy(sts_policy("old.example", id="1", max_age=60, fetched_at=T0 - timedelta(minutes=2)))
+        fresh = sts_policy("fresh.example", id="1", max_age=86400, fetched_at=T0)
+        store.put_sts_policy(fresh)
+        store.put_sts_failure(sts_failure("lapsed.example", id="1", until=T0))
+        kept = sts_failure("failing.example", id="1", until=T0 + timedelta(minutes=5))
+        store.put_sts_failure(kept)
+        assert store.purge_sts(now=T0) == 2
+        assert store.get_sts_policy("old.example") is None
+        assert store.get_sts_policy("fresh.example") == fresh
+        assert store.get_sts_failure("failing.example", "1", now=T0) == kept
+        assert store.purge_sts(now=T0) == 0
+
+    def test_a_policy_fetched_again_is_not_purged_by_its_old_expiry(self, store: QueueStore) -> None:
+        store.put_sts_policy(sts_policy("example.org", id="1", max_age=60, fetched_at=T0 - timedelta(minutes=2)))
+        again = sts_policy("example.org", id="1", max_age=86400, fetched_at=T0)
+        store.put_sts_policy(again)
+        assert store.purge_sts(now=T0) == 0
+        assert store.get_sts_policy("example.org") == again
+
+    def test_failure_text_a_store_cannot_keep_is_invalid(self, store: QueueStore) -> None:
+        with pytest.raises(QueueError) as caught:
+            store.put_sts_failure(dataclasses.replace(sts_failure("example.org", id="1"), reason="bad\x00"))
+        assert caught.value.code == "INVALID"
+        assert store.get_sts_failure("example.org", "1", now=T0) is None
 
     def test_tls_session_counts_of_one_kind_add_up_and_keep_their_first_reason(self, store: QueueStore) -> None:
         day = date(2026, 1, 1)

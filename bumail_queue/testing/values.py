@@ -17,7 +17,7 @@ from bumail_queue.items import AttemptResult, NewItem, Outcome, QueueItem, Reply
 from bumail_queue.items import RecipientStatus as S
 from bumail_queue.shaping import Limits, Permit, PermitRequest, Rate
 from bumail_queue.stores.base import QueueStore
-from bumail_queue.sts import STSMode, STSPolicy, TLSResult, TLSSessionCount
+from bumail_queue.sts import STSFailure, STSMode, STSPolicy, TLSResult, TLSSessionCount
 from bumail_queue.suppression import Suppression, SuppressionReason
 
 #: The time every contract test starts at.
@@ -171,6 +171,13 @@ def sts_policy(domain: str, *, id: str, max_age: int = 86400, fetched_at: dateti
     """Return an ``enforce`` policy of ``domain`` whose mx is ``mx.<domain>``."""
     return STSPolicy(
         domain=domain, id=id, mode=STSMode.ENFORCE, mx=(f"mx.{domain}",), max_age=max_age, fetched_at=fetched_at
+    )
+
+
+def sts_failure(domain: str, *, id: str, until: datetime = T0 + timedelta(minutes=5)) -> STSFailure:
+    """Return a failed fetch of ``domain``'s policy ``id``, kept until ``until``."""
+    return STSFailure(
+        domain=domain, policy_id=id, result=TLSResult.STS_POLICY_FETCH_ERROR, reason="HTTP 503", until=until
     )
 
 

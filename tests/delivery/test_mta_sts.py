@@ -328,12 +328,13 @@ def test_a_kept_policy_applies_while_the_new_one_cannot_be_fetched(dns_server, p
 def test_a_failed_fetch_is_not_tried_again_for_five_minutes(dns_server, policy_server, test_pki):
     announce(dns_server)
     policy_server.responses[POLICY_HOST] = PolicyResponse(b"down", status=503)
-    monotonic = FakeClock()
-    finder = policies(dns_server, policy_server, test_pki, monotonic=monotonic)
+    monotonic, clock = FakeClock(), Clock()
+    finder = policies(dns_server, policy_server, test_pki, monotonic=monotonic, clock=clock)
     for _ in range(3):
         assert finder.policy_for(DOMAIN).failure is TLSResult.STS_POLICY_FETCH_ERROR
     assert policy_server.count(POLICY_HOST) == 1
     monotonic.now += 300
+    clock.now += timedelta(seconds=300)
     policy_server.responses[POLICY_HOST] = PolicyResponse(policy_text("enforce", "mx.sts.test"))
     assert finder.policy_for(DOMAIN).mode is STSMode.ENFORCE
     assert policy_server.count(POLICY_HOST) == 2
@@ -388,6 +389,59 @@ def test_threads_waiting_for_a_fetch_under_way_give_up_at_the_deadline_of_their_
     assert not any(thread.is_alive() for thread in threads)
     assert [f.failure for f in found] == [TLSResult.STS_POLICY_FETCH_ERROR] * 4  # type: ignore[attr-defined]
     assert policy_server.count(POLICY_HOST) == 1  # one fetch for all of them
+
+
+def test_a_failed_fetch_is_not_tried_again_by_another_worker_or_pass_sharing_the_store(
+    dns_server, policy_server, test_pki
+):
+    # Each queue.deliver_due() (a task, a cron run) makes a worker, and its policies, of
+    # its own: the store keeps the failure for them all.
+    announce(dns_server)
+    policy_server.responses[POLICY_HOST] = PolicyResponse(b"down", status=503)
+    store, clock = MemoryStore(get_settings()), Clock()
+    for _ in range(10):
+        found = policies(dns_server, policy_server, test_pki, store=store, clock=clock).policy_for(DOMAIN)
+        assert (found.failure, found.reason) == (
+            TLSResult.STS_POLICY_FETCH_ERROR,
+            f"https://{POLICY_HOST}:{policy_server.port}/.well-known/mta-sts.txt answered HTTP 503",
+        )
+    assert policy_server.count(POLICY_HOST) == 1
+    clock.now += timedelta(minutes=5)
+    policy_server.responses[POLICY_HOST] = PolicyResponse(policy_text("enforce", "mx.sts.test"))
+    assert (
+        policies(dns_server, policy_server, test_pki, store=store, clock=clock).policy_for(DOMAIN).mode
+        is STSMode.ENFORCE
+    )
+    assert policy_server.count(POLICY_HOST) == 2
+
+
+def test_a_fetch_purges_the_policies_and_failures_kept_past_their_time(dns_server, policy_server, test_pki):
+    announce(dns_server)
+    store, clock = MemoryStore(get_settings()), Clock()
+    expired = STSPolicy(
+        domain="old.test",
+        id="1",
+        mode=STSMode.ENFORCE,
+        mx=("mx.old.test",),
+        max_age=60,
+        fetched_at=T0 - timedelta(hours=1),
+    )
+    store.put_sts_policy(expired)
+    policies(dns_server, policy_server, test_pki, store=store, clock=clock).policy_for(DOMAIN)
+    assert store.get_sts_policy("old.test") is None
+    assert store.get_sts_policy(DOMAIN) is not None
+
+
+def test_a_policy_of_more_than_100_mx_patterns_is_refused():
+    text = (
+        "version: STSv1\nmode: enforce\n" + "".join(f"mx: mx{n}.example.com\n" for n in range(101)) + "max_age: 86400\n"
+    )
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(text, domain=DOMAIN, policy_id="1", fetched_at=T0)
+    assert caught.value.result is TLSResult.STS_POLICY_INVALID
+    assert "it has 101 mx patterns, more than the 100 a policy may have here" in caught.value.text
+    fits = text.replace("mx: mx100.example.com\n", "")
+    assert len(parse_policy(fits, domain=DOMAIN, policy_id="1", fetched_at=T0).mx) == 100
 
 
 # -- the SMTP client's TLS under a policy -----------------------------------------------------

@@ -5,11 +5,13 @@ from __future__ import annotations
 import builtins
 import dataclasses
 from collections.abc import Sequence
-from datetime import date
+from datetime import date, datetime
 from typing import Any
 
-from bumail_queue.models import MTASTSPolicy, TLSReportCount
-from bumail_queue.sts import STSMode, STSPolicy, TLSResult, TLSSessionCount
+from django.db import transaction
+
+from bumail_queue.models import MTASTSFailure, MTASTSPolicy, TLSReportCount
+from bumail_queue.sts import STSFailure, STSMode, STSPolicy, TLSResult, TLSSessionCount
 
 from .connection import ORMConnection, built_once
 
@@ -48,14 +50,57 @@ class ORMSTS(ORMConnection):
             mx=list(policy.mx),
             max_age=policy.max_age,
             fetched_at=policy.fetched_at,
+            expires_at=policy.expires_at,
         )
         with self.translated_errors():
             MTASTSPolicy.objects.using(self.alias).bulk_create(
                 [row],
                 update_conflicts=True,
                 unique_fields=["domain"],
-                update_fields=["policy_id", "mode", "mx", "max_age", "fetched_at"],
+                update_fields=["policy_id", "mode", "mx", "max_age", "fetched_at", "expires_at"],
             )
+
+    def get_sts_failure(self, domain: str, policy_id: str, *, now: datetime) -> STSFailure | None:
+        with self.translated_errors():
+            row = (
+                MTASTSFailure.objects.using(self.alias)
+                .filter(domain=domain, policy_id=policy_id, until__gt=now)
+                .first()
+            )
+        if row is None:
+            return None
+        return STSFailure(
+            domain=row.domain,
+            policy_id=row.policy_id,
+            result=TLSResult(row.result),
+            reason=row.reason,
+            until=row.until,
+        )
+
+    def put_sts_failure(self, failure: STSFailure) -> None:
+        """One upsert on the domain's primary key."""
+        self.validate_sts_failure(failure)
+        row = MTASTSFailure(
+            domain=failure.domain,
+            policy_id=failure.policy_id,
+            result=failure.result.value,
+            reason=failure.reason,
+            until=failure.until,
+        )
+        with self.translated_errors():
+            MTASTSFailure.objects.using(self.alias).bulk_create(
+                [row],
+                update_conflicts=True,
+                unique_fields=["domain"],
+                update_fields=["policy_id", "result", "reason", "until"],
+            )
+
+    def purge_sts(self, *, now: datetime) -> int:
+        """Two deletes, each on its table's index of when a row stops mattering."""
+        with self.translated_errors(), transaction.atomic(using=self.alias):
+            policies, _ = MTASTSPolicy.objects.using(self.alias).filter(expires_at__lte=now).delete()
+            failures, _ = MTASTSFailure.objects.using(self.alias).filter(until__lte=now).delete()
+        return policies + failures
 
     def count_tls_sessions(self, counts: Sequence[TLSSessionCount]) -> None:
         """An ``INSERT ... ON CONFLICT DO UPDATE`` adding to each kind's row, per 100

@@ -81,6 +81,21 @@ class RedisKeys:
         return f"{self.prefix}mta-sts"
 
     @property
+    def sts_expiry(self) -> str:
+        """The domains of ``sts_policies``, scored by when their policy expires (microseconds)."""
+        return f"{self.prefix}mta-sts:expires"
+
+    @property
+    def sts_failures(self) -> str:
+        """A hash of recipient domain to the MTA-STS fetch that failed for it, as JSON."""
+        return f"{self.prefix}mta-sts:failed"
+
+    @property
+    def sts_failures_until(self) -> str:
+        """The domains of ``sts_failures``, scored by when their failure lapses (microseconds)."""
+        return f"{self.prefix}mta-sts:failed:until"
+
+    @property
     def tls_days(self) -> str:
         """The days that have TLS report counts, scored by their ordinal."""
         return f"{self.prefix}tlsrpt:days"

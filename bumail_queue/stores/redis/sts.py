@@ -1,6 +1,9 @@
 """How the Redis store keeps MTA-STS policies and TLS report counts.
 
-A policy is a field of one hash, ``<prefix>mta-sts``, its domain to its JSON. A day's
+A policy is a field of one hash, ``<prefix>mta-sts``, its domain to its JSON, and its
+domain is scored by its expiry in ``<prefix>mta-sts:expires``; a failed fetch likewise,
+in ``<prefix>mta-sts:failed`` and ``<prefix>mta-sts:failed:until``, so that a purge
+finds the expired of either without a scan. A day's
 counts are two hashes, each kind (``TLSSessionCount.kind``, as JSON) to its count
 (``HINCRBY``) and to its policy and first reason (``HSETNX``), written for a batch in
 one ``MULTI``/``EXEC``; the sorted set ``<prefix>tlsrpt:days`` lists the days, so a
@@ -13,15 +16,16 @@ from __future__ import annotations
 import builtins
 import json
 from collections.abc import Mapping, Sequence
-from datetime import date
+from datetime import date, datetime
 from typing import Any, cast
 
 from redis import Redis
 
-from bumail_queue.sts import STSMode, STSPolicy, TLSResult, TLSSessionCount
+from bumail_queue.sts import STSFailure, STSMode, STSPolicy, TLSResult, TLSSessionCount
 
 from .connection import RedisConnection
 from .layout import RedisKeys, from_micros, hash_fields, micros
+from .scripts import STS_PURGE
 
 
 def _json(value: Any) -> str:
@@ -51,6 +55,30 @@ def policy_from_json(domain: str, raw: bytes) -> STSPolicy:
         mx=tuple(data["mx"]),
         max_age=int(data["max_age"]),
         fetched_at=from_micros(data["fetched"].encode()),
+    )
+
+
+def failure_json(failure: STSFailure) -> str:
+    """Return a failed fetch as the hash keeps it."""
+    return _json(
+        {
+            "id": failure.policy_id,
+            "result": failure.result.value,
+            "reason": failure.reason,
+            "until": micros(failure.until),
+        }
+    )
+
+
+def failure_from_json(domain: str, raw: bytes) -> STSFailure:
+    """Read a failed fetch back from the hash."""
+    data = json.loads(raw)
+    return STSFailure(
+        domain=domain,
+        policy_id=data["id"],
+        result=TLSResult(data["result"]),
+        reason=data["reason"],
+        until=from_micros(data["until"].encode()),
     )
 
 
@@ -119,7 +147,38 @@ class RedisSTS(RedisConnection):
         self.validate_sts_policy(policy)
         client = self._redis()
         with self._translated_errors("keep the MTA-STS policy"):
-            client.hset(self.keys.sts_policies, policy.domain, policy_json(policy))
+            pipe = client.pipeline(transaction=True)
+            pipe.hset(self.keys.sts_policies, policy.domain, policy_json(policy))
+            pipe.zadd(self.keys.sts_expiry, {policy.domain: int(micros(policy.expires_at))})
+            pipe.execute()
+
+    def get_sts_failure(self, domain: str, policy_id: str, *, now: datetime) -> STSFailure | None:
+        client = self._redis()
+        with self._translated_errors("read the MTA-STS fetch failure"):
+            raw = client.hget(self.keys.sts_failures, domain)
+        if raw is None:
+            return None
+        failure = failure_from_json(domain, cast("bytes", raw))
+        return failure if failure.policy_id == policy_id and failure.until > now else None
+
+    def put_sts_failure(self, failure: STSFailure) -> None:
+        self.validate_sts_failure(failure)
+        client = self._redis()
+        with self._translated_errors("keep the MTA-STS fetch failure"):
+            pipe = client.pipeline(transaction=True)
+            pipe.hset(self.keys.sts_failures, failure.domain, failure_json(failure))
+            pipe.zadd(self.keys.sts_failures_until, {failure.domain: int(micros(failure.until))})
+            pipe.execute()
+
+    def purge_sts(self, *, now: datetime) -> int:
+        """One script: the sorted sets find what expired by ``now``."""
+        client = self._redis()
+        keys = self.keys
+        with self._translated_errors("purge the MTA-STS policies"):
+            gone = STS_PURGE(
+                client, [keys.sts_policies, keys.sts_expiry, keys.sts_failures, keys.sts_failures_until], [micros(now)]
+            )
+        return int(gone)
 
     def count_tls_sessions(self, counts: Sequence[TLSSessionCount]) -> None:
         self.validate_tls_counts(counts)
