@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from bumail_queue import delivery_log, queue
 from bumail_queue.admin import ItemAdmin
+from bumail_queue.admin.shared import PAGE_CSP
 from bumail_queue.items import AttemptResult, Outcome, RecipientStatus, Reply
 from bumail_queue.models import DeliveryLog
 from bumail_queue.stores import get_store
@@ -543,8 +544,10 @@ def test_the_delivery_log_lists_searches_and_is_read_only(superuser_client, stor
     item = deferred_item()
     other = queue.enqueue(newsletter(to="zed@example.org"))
     queue.cancel(other.id)
-    page = text_of(superuser_client.get(LOG))
+    listed = superuser_client.get(LOG)
+    page = text_of(listed)
     assert "bob@slow.example" in page and "zed@example.org" in page
+    assert listed["Content-Security-Policy"].startswith("default-src 'self'; script-src 'self'")
     assert "451 4.7.1 Greylisted, try again later" in page
     by_item = text_of(superuser_client.get(LOG, {"q": item.id}))
     assert "bob@slow.example" in by_item and "zed@example.org" not in by_item
@@ -554,6 +557,9 @@ def test_the_delivery_log_lists_searches_and_is_read_only(superuser_client, stor
     entry = DeliveryLog.objects.get(recipient="zed@example.org")
     change = superuser_client.get(reverse("admin:bumail_queue_deliverylog_change", args=[entry.pk]))
     assert change.status_code == 200 and 'name="_save"' not in change.content.decode()
+    assert change["Content-Security-Policy"] == PAGE_CSP
+    history = superuser_client.get(reverse("admin:bumail_queue_deliverylog_history", args=[entry.pk]))
+    assert (history.status_code, history["X-Content-Type-Options"]) == (200, "nosniff")
     assert superuser_client.post(reverse("admin:bumail_queue_deliverylog_delete", args=[entry.pk])).status_code == 403
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.contrib import admin
 from django.http import (
@@ -34,7 +34,11 @@ else:
     ItemAdminBase = LogAdminBase = SuppressionAdminBase = admin.ModelAdmin
 
 
-def secure(response: HttpResponseBase) -> HttpResponseBase:
+_Response = TypeVar("_Response", bound=HttpResponseBase)
+
+
+def secure(response: _Response) -> _Response:
+    """Give ``response`` the headers of every page of the queue's admin."""
     response["Content-Security-Policy"] = PAGE_CSP
     response["X-Content-Type-Options"] = "nosniff"
     response["Referrer-Policy"] = "same-origin"
