@@ -162,6 +162,18 @@ def test_the_list_says_how_many_items_are_in_the_queue_in_words(superuser_client
     assert footer_of(text_of(superuser_client.get(LIST))) == "2 items in the queue"
 
 
+def test_a_count_prints_as_its_number_wherever_it_is_shown():
+    import json
+
+    from bumail_queue.queries import ItemCount
+
+    count = ItemCount(1200, exact=False)
+    logged = "%s" % count  # noqa: UP031 - as a log line formats it
+    shown = (str(count), f"{count}", f"{count:,}", format(count, "d"), logged, json.dumps({"n": count}))
+    assert shown == ("1200", "1200", "1,200", "1200", "1200", '{"n": 1200}')
+    assert repr(count) == "ItemCount(1200, exact=False)"  # only the repr names the class
+
+
 @pytest.mark.postgres
 def test_on_postgresql_a_large_queue_is_said_to_hold_about_its_estimate(superuser_client, settings):
     from django.db import transaction
