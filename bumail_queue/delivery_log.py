@@ -48,6 +48,7 @@ def _entry(
     next_attempt_at: datetime | None,
     at: datetime,
     tls: bool = False,
+    provider_message_id: str | None = None,
 ) -> DeliveryLog:
     return DeliveryLog(
         logged_at=at,
@@ -62,6 +63,7 @@ def _entry(
         remote_host=(remote_host or "")[:255],
         tls=tls,
         next_attempt_at=next_attempt_at,
+        provider_message_id=(provider_message_id or "")[:255],
     )
 
 
@@ -76,6 +78,7 @@ def record(
     next_attempt_at: datetime | None = None,
     at: datetime | None = None,
     tls: bool = False,
+    provider_message_id: str | None = None,
 ) -> DeliveryLog | None:
     """Add one entry (nothing when ``DELIVERY_LOG`` is off); return it."""
     settings = get_settings()
@@ -84,6 +87,7 @@ def record(
     entry = _entry(
         item_id=item_id, recipient=recipient, status=status, reply=reply, envelope_sender=envelope_sender,
         remote_host=remote_host, next_attempt_at=next_attempt_at, at=at or timezone.now(), tls=tls,
+        provider_message_id=provider_message_id,
     )  # fmt: skip
     gathered = getattr(_gathering, "entries", None)
     if gathered is not None:
@@ -141,7 +145,7 @@ def _write_each_alone_on_failure(entries: list[DeliveryLog]) -> None:
 #: The columns ``write`` fills (the id is the database's).
 _COLUMNS = (
     "logged_at", "item_id", "recipient", "domain", "sender", "status",
-    "reply_code", "reply_status", "reply_text", "remote_host", "tls", "next_attempt_at",
+    "reply_code", "reply_status", "reply_text", "remote_host", "tls", "next_attempt_at", "provider_message_id",
 )  # fmt: skip
 
 
@@ -246,6 +250,7 @@ def _on_delivered(*, item_id: str, recipient: str, reply: Reply, **kwargs: Any) 
     record(
         item_id=item_id, recipient=recipient, status=Status.DELIVERED, reply=reply,
         envelope_sender=kwargs.get("envelope_sender"), remote_host=kwargs.get("remote_host"), tls=kwargs.get("tls", False),
+        provider_message_id=kwargs.get("provider_message_id"),
     )  # fmt: skip
 
 
@@ -254,6 +259,7 @@ def _on_deferred(*, item_id: str, recipient: str, reply: Reply, **kwargs: Any) -
         item_id=item_id, recipient=recipient, status=Status.DEFERRED, reply=reply,
         envelope_sender=kwargs.get("envelope_sender"), remote_host=kwargs.get("remote_host"),
         next_attempt_at=kwargs.get("next_attempt_at"), tls=kwargs.get("tls", False),
+        provider_message_id=kwargs.get("provider_message_id"),
     )  # fmt: skip
 
 
@@ -263,6 +269,7 @@ def _on_failed(*, item_id: str, recipient: str, reply: Reply, **kwargs: Any) -> 
     record(
         item_id=item_id, recipient=recipient, status=status, reply=reply,
         envelope_sender=kwargs.get("envelope_sender"), remote_host=kwargs.get("remote_host"), tls=kwargs.get("tls", False),
+        provider_message_id=kwargs.get("provider_message_id"),
     )  # fmt: skip
 
 

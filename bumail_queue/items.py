@@ -25,7 +25,7 @@ DEFAULT_CHANNEL = "default"
 #: The longest channel name.
 CHANNEL_MAX_LENGTH = 64
 # A name an operator can type and a Redis key or a URL can hold as it is.
-_CHANNEL = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._:-]{{0,{CHANNEL_MAX_LENGTH - 1}}}")
+CHANNEL_PATTERN = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._:-]{{0,{CHANNEL_MAX_LENGTH - 1}}}")
 
 
 def check_priority(priority: Any, what: str = "'priority'") -> int:
@@ -43,7 +43,7 @@ def check_priority(priority: Any, what: str = "'priority'") -> int:
 def check_channel(channel: Any, what: str = "'channel'") -> str:
     """Return ``channel``, or raise ``QueueError(INVALID)`` for a name that is not 1 to 64
     ASCII letters, digits, ``.``, ``_``, ``:`` and ``-``, starting with a letter or digit."""
-    if not isinstance(channel, str) or not _CHANNEL.fullmatch(channel):
+    if not isinstance(channel, str) or not CHANNEL_PATTERN.fullmatch(channel):
         raise QueueError(
             ErrorCode.INVALID,
             f"{what} must be a name of 1 to {CHANNEL_MAX_LENGTH} ASCII letters, digits, '.', '_', ':' and '-', "

@@ -150,6 +150,9 @@ class DeliveryLog(models.Model):
     # Whether the session with remote_host ran over TLS (STARTTLS or implicit).
     tls = models.BooleanField(_("TLS"), default=False)
     next_attempt_at = models.DateTimeField(_("next attempt at"), null=True, blank=True)
+    # The ESP's id for the message, from a backend route (anymail's message_id): what
+    # its later events (a bounce, a complaint) name it by.
+    provider_message_id = models.CharField(_("provider's message id"), max_length=255, blank=True, default="")
 
     class Meta:
         db_table = "bumail_queue_delivery_log"
@@ -164,6 +167,13 @@ class DeliveryLog(models.Model):
             models.Index(fields=("item_id", "logged_at"), name="bumail_queue_log_item"),
             # "What happened to my mail to X?"
             models.Index(fields=("recipient", "logged_at"), name="bumail_queue_log_recipient"),
+            # An ESP's event, matched to the entry of the message it names; only the
+            # entries of backend routes have one, so only they are in the index.
+            models.Index(
+                fields=("provider_message_id",),
+                name="bumail_queue_log_provider_id",
+                condition=~models.Q(provider_message_id=""),
+            ),
         )
 
     def __str__(self) -> str:

@@ -97,6 +97,8 @@ class Attempt:
     tls: dict[str, bool] = dataclasses.field(default_factory=dict)
     expired: dict[str, Reply] = dataclasses.field(default_factory=dict)
     suppressed: frozenset[str] = frozenset()
+    #: The ESP's message id of each recipient a backend route gave one to.
+    message_ids: Mapping[str, str] = dataclasses.field(default_factory=dict)
     delay_due: bool = False
     #: Shaping held every recipient back: no attempt, no signal, due when there is room.
     held: bool = False
@@ -160,11 +162,14 @@ def decide_attempt(
     rng: random.Random,
     tls: dict[str, bool] | None = None,
     suppressed: frozenset[str] = frozenset(),
+    not_before: datetime | None = None,
+    message_ids: Mapping[str, str] | None = None,
 ) -> Attempt:
     """Return what recording the replies of one attempt at ``item`` must write.
 
     ``message`` is the message the attempt read, ``None`` when the store had lost it;
-    ``suppressed``, the recipients failed because the suppression list holds them.
+    ``suppressed``, the recipients failed because the suppression list holds them;
+    ``not_before``, the soonest the next attempt may be (an ESP's ``Retry-After``).
     """
     expired: dict[str, Reply] = {}
     if has_expired(item.created_at, now, settings):
@@ -179,7 +184,7 @@ def decide_attempt(
     )
     result = AttemptResult(
         outcomes=outcomes,
-        next_attempt_at=now + retry_delay(item.attempts + 1, settings, rng),
+        next_attempt_at=max(now + retry_delay(item.attempts + 1, settings, rng), not_before or now),
         delay_notified=True if delay_due else None,
     )
     return Attempt(
@@ -190,6 +195,7 @@ def decide_attempt(
         tls=tls or {},
         expired=expired,
         suppressed=suppressed,
+        message_ids=message_ids or {},
         delay_due=delay_due,
     )
 
@@ -423,6 +429,7 @@ class Recorder:
                 "envelope_sender": item.sender,
                 "remote_host": attempt.remote_hosts.get(address),
                 "tls": attempt.tls.get(address, False),
+                "provider_message_id": attempt.message_ids.get(address),
             }
             if outcome.status == RecipientStatus.DELIVERED:
                 signals.send(signals.delivered, **told)

@@ -472,7 +472,10 @@ class QueueService:
             item_ids=None if ids is None else [_usual_id(str(item_id)) for item_id in ids],
             claim_seconds=claim_seconds,
         )
-        return worker.run_until_idle()
+        stats = worker.run_until_idle()
+        if worker.configuration_error is not None:
+            raise worker.configuration_error
+        return stats
 
 
 def _check_at(at: datetime | None) -> None:

@@ -123,10 +123,12 @@ class Shaper:
 
         An MX route is shaped by its recipient domain and its MX hosts' names; a
         smarthost route by the smarthost's host name: the session, and any "slow down"
-        it answers, is the smarthost's.
+        it answers, is the smarthost's; a backend route by its ``NAME``.
         """
         if destination.domain is not None:
             return self.patterns.match(destination.domain, [host.name for host in hosts])
+        if destination.route.type == "backend":
+            return self.patterns.match(destination.route.name or "")  # its NAME: no hosts to match
         host = destination.route.host or ""
         return self.patterns.match(host, [host])
 

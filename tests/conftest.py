@@ -31,7 +31,13 @@ from tests.dkim_keys import TestKeys
 
 # Real servers on loopback that tests configure: a DNS server, SMTP servers, Redis servers,
 # HTTPS servers of MTA-STS policies.
-pytest_plugins = ["tests.servers.dns", "tests.servers.smtp", "tests.servers.redis", "tests.servers.https"]
+pytest_plugins = [
+    "tests.servers.dns",
+    "tests.servers.smtp",
+    "tests.servers.redis",
+    "tests.servers.https",
+    "tests.servers.esp",
+]
 
 VENDOR = {"django.db.backends.postgresql": "postgresql", "django.db.backends.sqlite3": "sqlite"}.get(
     settings.DATABASES["default"]["ENGINE"], "other"

@@ -550,3 +550,58 @@ def test_suppression_durations_take_seconds_and_the_window_takes_none():
         timedelta(hours=1),
         None,
     )
+
+
+# -- backend routes and channel routes ----------------------------------------------------
+
+POSTMARK = {
+    "TYPE": "backend",
+    "BACKEND": "anymail.backends.postmark.EmailBackend",
+    "OPTIONS": {"server_token": "pm-s3cret-token-value"},
+}
+
+
+def test_a_backend_route_keeps_its_backend_and_options_and_is_named_by_them():
+    route = load({"ROUTE": POSTMARK}).route
+    assert (route.type, route.backend, route.name) == ("backend", POSTMARK["BACKEND"], POSTMARK["BACKEND"])
+    assert route.options == {"server_token": "pm-s3cret-token-value"}
+    assert "pm-s3cret" not in repr(route)
+    named = load({"ROUTE": {**POSTMARK, "NAME": "postmark"}}).route
+    assert named.name == "postmark"
+
+
+def test_a_channels_route_comes_after_the_domains_and_before_the_default():
+    loaded = load(
+        {
+            "ROUTE": {"TYPE": "mx"},
+            "ROUTES": {"corp.example": SMARTHOST},
+            "CHANNEL_ROUTES": {"newsletter": {**POSTMARK, "NAME": "postmark"}},
+        }
+    )
+    assert loaded.route_for("example.org", "newsletter").name == "postmark"
+    assert loaded.route_for("corp.example", "newsletter").type == "smarthost"
+    assert loaded.route_for("example.org", "default").type == "mx"
+    assert loaded.route_for("example.org").type == "mx"
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ({"ROUTE": {"TYPE": "backend"}}, "['BACKEND'] must be the dotted path of a Django email backend"),
+        ({"ROUTE": {**POSTMARK, "BACKEND": "not a path"}}, "got 'not a path'"),
+        ({"ROUTE": {**POSTMARK, "OPTIONS": ["pm-s3cret-token-value"]}}, "['OPTIONS'] must be a dict"),
+        ({"ROUTE": {**POSTMARK, "NAME": "has space"}}, "['NAME'] must be a name"),
+        ({"ROUTE": {**POSTMARK, "HOST": "x"}}, "keys a 'backend' route does not take: HOST"),
+        ({"CHANNEL_ROUTES": {"bad name": POSTMARK}}, "has a key that is not a channel name"),
+        ({"CHANNEL_ROUTES": []}, "must be a dict of channel to route"),
+        (
+            {"ROUTE": POSTMARK, "ROUTES": {"b.example": {**POSTMARK, "OPTIONS": {"server_token": "other-s3cret"}}}},
+            "is a backend route named 'anymail.backends.postmark.EmailBackend', as BUMAIL_QUEUE['ROUTE'] is",
+        ),
+    ],
+)
+def test_a_backend_route_set_up_wrongly_is_e007_and_its_options_are_never_shown(raw, words):
+    problems = validate(raw)
+    assert [p.id for p in problems] == ["bumail_queue.E007"]
+    assert words in problems[0].message
+    assert "s3cret" not in problems[0].message

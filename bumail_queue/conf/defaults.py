@@ -17,6 +17,9 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "HOSTNAME": None,  # socket.getfqdn() when read
     "ROUTE": {"TYPE": "mx"},
     "ROUTES": {},
+    # Per channel: {"newsletter": <route>}, for all of a channel's mail but the domains
+    # ROUTES names.
+    "CHANNEL_ROUTES": {},
     "MX_PORT": 25,
     "DNS_NAMESERVERS": None,
     "CONCURRENCY": 20,

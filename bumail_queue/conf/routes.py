@@ -1,33 +1,44 @@
-"""``ROUTE`` and ``ROUTES``: where mail goes, checked and made into ``Route`` values."""
+"""``ROUTE``, ``ROUTES`` and ``CHANNEL_ROUTES``: where mail goes, checked and made into
+``Route`` values."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+from bumail_queue.items import CHANNEL_PATTERN
 from bumail_queue.sts import STSMode
 
 from .defaults import DEFAULTS
 from .names import HOSTNAME, is_ip, normalise_domain
 from .validator import Validator
 
-ROUTE_TYPES: Final = ("mx", "smarthost")
+ROUTE_TYPES: Final = ("mx", "smarthost", "backend")
 TLS_MODES: Final = ("starttls", "implicit", "none")
 _ROUTE_KEYS: Final = {
     "mx": {"TYPE", "TLS_REQUIRED"},
     "smarthost": {"TYPE", "HOST", "PORT", "USERNAME", "PASSWORD", "TLS", "TLS_VERIFY"},
+    "backend": {"TYPE", "BACKEND", "OPTIONS", "NAME"},
 }
+_DOTTED_PATH: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Route:
-    """Where mail for a domain goes: its MX hosts, or a smarthost.
+    """Where mail for a domain goes: its MX hosts, a smarthost, or a Django email backend.
 
     ``mta_sts`` is never set from the settings: the worker sets it on an MX route when
     the recipient domain's MTA-STS policy applies (RFC 8461). ``enforce`` requires
     STARTTLS and a certificate valid for the MX host's name; ``testing`` checks the
     same, reports what failed, and goes on as without a policy.
+
+    A ``backend`` route names the dotted path of a Django email backend and the
+    ``options`` it is made with (``get_connection(backend, **options)``): they often
+    hold an API key, so they are never in its ``repr``, and take no part in its
+    equality. Its ``name`` (``NAME``, else the backend's path) tells two routes of one
+    backend apart, and is what ``SHAPING``, ``DOMAIN_CONCURRENCY`` and messages call it.
     """
 
     type: str
@@ -39,6 +50,9 @@ class Route:
     tls_verify: bool = True
     tls_required: bool = False
     mta_sts: STSMode | None = None
+    backend: str | None = None
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False, hash=False)
+    name: str | None = None
 
 
 def check_route(check: Validator, value: Any, where: str) -> None:
@@ -62,6 +76,8 @@ def check_route(check: Validator, value: Any, where: str) -> None:
         )
     if route_type == "smarthost":
         _check_smarthost(check, value, where)
+    elif route_type == "backend":
+        _check_backend(check, value, where)
     for flag in ("TLS_REQUIRED", "TLS_VERIFY"):
         if flag in value and not isinstance(value[flag], bool):
             check.add("bumail_queue.E007", where, f"{where}['{flag}'] must be True or False.")
@@ -97,9 +113,39 @@ def _check_smarthost(check: Validator, value: Mapping[str, Any], where: str) -> 
         check.add("bumail_queue.E007", where, f"{where} needs both 'USERNAME' and 'PASSWORD' for AUTH, or neither.")
 
 
+def _check_backend(check: Validator, value: Mapping[str, Any], where: str) -> None:
+    backend = value.get("BACKEND")
+    if not isinstance(backend, str) or not _DOTTED_PATH.fullmatch(backend):
+        shown = repr(backend) if isinstance(backend, str) and len(backend) <= 200 else type(backend).__name__
+        check.add(
+            "bumail_queue.E007",
+            where,
+            f"{where}['BACKEND'] must be the dotted path of a Django email backend, such as "
+            f"'anymail.backends.postmark.EmailBackend'; got {shown}.",
+        )
+    name = value.get("NAME")
+    if name is not None and (not isinstance(name, str) or not CHANNEL_PATTERN.fullmatch(name)):
+        check.add(
+            "bumail_queue.E007",
+            where,
+            f"{where}['NAME'] must be a name of ASCII letters, digits, '.', '_', ':' and '-', such as 'postmark'.",
+        )
+    options = value.get("OPTIONS", {})
+    # Never echo the options: they hold API keys.
+    if not isinstance(options, Mapping) or not all(isinstance(key, str) for key in options):
+        check.add(
+            "bumail_queue.E007",
+            where,
+            f"{where}['OPTIONS'] must be a dict of the keyword arguments the backend is made with.",
+        )
+
+
 def check_routes(check: Validator, raw: Mapping[str, Any]) -> None:
-    """Check ``ROUTE`` and each route of ``ROUTES``, keyed by recipient domain."""
+    """Check ``ROUTE``, each route of ``ROUTES``, keyed by recipient domain, and of
+    ``CHANNEL_ROUTES``, keyed by channel; two backend routes that differ never share a name."""
     check_route(check, raw.get("ROUTE", DEFAULTS["ROUTE"]), "BUMAIL_QUEUE['ROUTE']")
+    _check_channel_routes(check, raw)
+    _check_backend_names(check, raw)
     routes = raw.get("ROUTES", DEFAULTS["ROUTES"])
     if not isinstance(routes, Mapping):
         check.add("bumail_queue.E007", "ROUTES", "BUMAIL_QUEUE['ROUTES'] must be a dict of recipient domain to route.")
@@ -112,9 +158,59 @@ def check_routes(check: Validator, raw: Mapping[str, Any]) -> None:
             check_route(check, route, f"BUMAIL_QUEUE['ROUTES'][{domain!r}]")
 
 
+def _check_channel_routes(check: Validator, raw: Mapping[str, Any]) -> None:
+    channel_routes = raw.get("CHANNEL_ROUTES", DEFAULTS["CHANNEL_ROUTES"])
+    if not isinstance(channel_routes, Mapping):
+        check.add(
+            "bumail_queue.E007", "CHANNEL_ROUTES", "BUMAIL_QUEUE['CHANNEL_ROUTES'] must be a dict of channel to route."
+        )
+        return
+    for channel, route in channel_routes.items():
+        if not isinstance(channel, str) or not CHANNEL_PATTERN.fullmatch(channel):
+            check.add(
+                "bumail_queue.E007",
+                "CHANNEL_ROUTES",
+                f"BUMAIL_QUEUE['CHANNEL_ROUTES'] has a key that is not a channel name: {channel!r}.",
+            )
+        check_route(check, route, f"BUMAIL_QUEUE['CHANNEL_ROUTES'][{channel!r}]")
+
+
+def _check_backend_names(check: Validator, raw: Mapping[str, Any]) -> None:
+    """Two backend routes that differ (another backend, other options) need names of
+    their own: the worker tells routes apart by name, and counts limits by it."""
+    found: dict[str, tuple[str, Mapping[str, Any]]] = {}
+    places = [("BUMAIL_QUEUE['ROUTE']", raw.get("ROUTE"))]
+    for key in ("ROUTES", "CHANNEL_ROUTES"):
+        table = raw.get(key)
+        if isinstance(table, Mapping):
+            places += [(f"BUMAIL_QUEUE[{key!r}][{name!r}]", route) for name, route in table.items()]
+    for where, route in places:
+        if (
+            not isinstance(route, Mapping)
+            or route.get("TYPE") != "backend"
+            or not isinstance(route.get("BACKEND"), str)
+        ):
+            continue
+        name = route.get("NAME", route["BACKEND"])
+        if not isinstance(name, str):
+            continue
+        first = found.setdefault(name, (where, route))
+        if first[1] != route:
+            check.add(
+                "bumail_queue.E007",
+                where,
+                f"{where} is a backend route named {name!r}, as {first[0]} is, and they differ: give each its own 'NAME'.",
+            )
+
+
 def route_from(raw: Mapping[str, Any]) -> Route:
     if raw["TYPE"] == "mx":
         return Route(type="mx", tls_required=raw.get("TLS_REQUIRED", False))
+    if raw["TYPE"] == "backend":
+        backend = raw["BACKEND"]
+        return Route(
+            type="backend", backend=backend, options=dict(raw.get("OPTIONS", {})), name=raw.get("NAME", backend)
+        )
     tls = raw.get("TLS", "starttls")
     return Route(
         type="smarthost",

@@ -245,6 +245,7 @@ def load(raw: Any) -> QueueSettings:
         hostname=effective_hostname(values),
         route=route_from(values["ROUTE"]),
         routes={normalise_domain(domain): route_from(route) for domain, route in values["ROUTES"].items()},
+        channel_routes={channel: route_from(route) for channel, route in values["CHANNEL_ROUTES"].items()},
         mx_port=values["MX_PORT"],
         dns_nameservers=None if nameservers is None else tuple(filter(None, map(parse_nameserver, nameservers))),
         concurrency=values["CONCURRENCY"],

@@ -40,6 +40,7 @@ class QueueSettings:
     hostname: str
     route: Route
     routes: Mapping[str, Route]
+    channel_routes: Mapping[str, Route] = dataclasses.field(default_factory=dict)
     mx_port: int
     dns_nameservers: tuple[tuple[str, int], ...] | None
     concurrency: int
@@ -84,6 +85,12 @@ class QueueSettings:
         """Return a claim's lease as a duration."""
         return timedelta(seconds=self.lease_seconds)
 
-    def route_for(self, domain: str) -> Route:
-        """Return the route of a recipient domain: its ``ROUTES`` entry, else ``ROUTE``."""
-        return self.routes.get(normalise_domain(domain), self.route)
+    def route_for(self, domain: str, channel: str | None = None) -> Route:
+        """Return the route of a recipient domain in ``channel``: the domain's ``ROUTES``
+        entry, else the channel's ``CHANNEL_ROUTES`` entry, else ``ROUTE``."""
+        route = self.routes.get(normalise_domain(domain))
+        if route is not None:
+            return route
+        if channel is not None and (by_channel := self.channel_routes.get(channel)) is not None:
+            return by_channel
+        return self.route

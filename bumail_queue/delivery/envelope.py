@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import Protocol
 
 from bumail_queue.conf import Route
@@ -73,6 +74,9 @@ class Delivery:
     deferred ``4.3.5``: the configuration is to fix, and the caller reports it.
     ``tls_sessions`` says how the TLS of each session opened under the route's
     MTA-STS policy ended, for the TLS reports (none without a policy).
+    Through an email backend, ``message_ids`` holds the ESP's message id of each
+    recipient it gave one to, and ``retry_after`` how long the ESP asked to be left
+    alone (``Retry-After``): the next attempt is no sooner.
     """
 
     outcomes: Mapping[str, Outcome]
@@ -80,6 +84,8 @@ class Delivery:
     tls: bool = False
     option_error: QueueConfigurationError | None = None
     tls_sessions: tuple[TLSSession, ...] = ()
+    message_ids: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    retry_after: timedelta | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Sequence
-from datetime import UTC
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from bumail_queue.delivery.dsn import header_block
@@ -76,8 +76,10 @@ class Attempts(Followers):
         remote_hosts: dict[str, str | None] = dict.fromkeys(suppressed)
         tls: dict[str, bool] = {}
         held: list[Held] = []
+        not_before: datetime | None = None
+        message_ids: dict[str, str] = {}
         pending = [r.address for r in item.pending_recipients if r.address not in suppressed]
-        groups = list(group_by_destination(pending, self.settings).items())
+        groups = list(group_by_destination(pending, self.settings, item.channel).items())
         for index, (destination, addresses) in enumerate(groups):
             envelope = Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message)
             delivery = self._deliver_to(
@@ -94,6 +96,10 @@ class Attempts(Followers):
                 outcomes[address] = delivery.outcomes[address]
                 remote_hosts[address] = delivery.remote_host
                 tls[address] = delivery.tls
+            message_ids.update(delivery.message_ids)
+            if delivery.retry_after is not None:
+                asked = self.clock() + delivery.retry_after
+                not_before = asked if not_before is None else max(not_before, asked)
         if held:
             return self._held_attempt(
                 item, outcomes, remote_hosts, held, message=message, tls=tls, suppressed=frozenset(suppressed)
@@ -101,7 +107,14 @@ class Attempts(Followers):
         # The message is handed on: the DSNs return its header block, and recording
         # the last pending recipient drops it from the store.
         return self._attempt_from(
-            item, outcomes, remote_hosts, message=message, tls=tls, suppressed=frozenset(suppressed)
+            item,
+            outcomes,
+            remote_hosts,
+            message=message,
+            tls=tls,
+            suppressed=frozenset(suppressed),
+            not_before=not_before,
+            message_ids=message_ids,
         )
 
     def _held_attempt(
@@ -177,6 +190,8 @@ class Attempts(Followers):
         ``Delivery`` that decides ``envelope`` without a session (DNS, no allowed host)."""
         route = destination.route
         hosts: Sequence[Host]
+        if route.type == "backend":
+            return Path(route=route, hosts=(), policy=None)  # the backend finds its own way
         if route.type == "smarthost":
             assert route.host is not None and route.port is not None
             hosts = [Host(name=route.host, port=route.port)]
@@ -197,6 +212,8 @@ class Attempts(Followers):
 
     def _send(self, envelope: Envelope, path: Path, *, reuse: bool = True, follow: Follow | None = None) -> Delivery:
         route, hosts = path.route, path.hosts
+        if route.type == "backend":
+            return self.backends.deliver(envelope, route=route, reuse=reuse)
         if not reuse:
             delivery = self.transport.deliver(envelope, route=route, hosts=hosts, reuse=False)
         elif follow is not None and (following := self._following()) is not None:
@@ -227,6 +244,8 @@ class Attempts(Followers):
         message: bytes | None,
         tls: dict[str, bool] | None = None,
         suppressed: frozenset[str] = frozenset(),
+        not_before: datetime | None = None,
+        message_ids: Mapping[str, str] | None = None,
     ) -> Attempt:
         return decide_attempt(
             item,
@@ -238,4 +257,6 @@ class Attempts(Followers):
             rng=self.rng,
             tls=tls,
             suppressed=suppressed,
+            not_before=not_before,
+            message_ids=message_ids,
         )

@@ -23,6 +23,7 @@ from bumail_queue.delivery.envelope import (
     Transport,
 )
 from bumail_queue.delivery.tlsrpt import TLSReportCounter
+from bumail_queue.errors import QueueConfigurationError
 from bumail_queue.items import QueueItem
 from bumail_queue.outcomes import (
     Attempt,
@@ -39,6 +40,7 @@ from bumail_queue.suppression import Suppression
 from .sessions import SLOW_SESSIONS_PER_SLOT, Session
 
 if TYPE_CHECKING:
+    from bumail_queue.delivery.backend import BackendTransport
     from bumail_queue.delivery.mta_sts import STSPolicies
 
 logger = logging.getLogger("bumail_queue.worker")
@@ -93,6 +95,9 @@ class WorkerBase:
         # client or reads a DKIM key.
         self._transport = transport
         self._transport_lock = threading.Lock()
+        self._backends: BackendTransport | None = None  # made when a backend route is first used
+        # What stopped the worker, if a route's configuration did: the command exits 1 with it.
+        self.configuration_error: QueueConfigurationError | None = None
         # Whether the transport last seen can begin a transaction with a final dot.
         self._follows: tuple[Transport, bool] | None = None
         self._resolver = resolver
@@ -158,6 +163,19 @@ class WorkerBase:
     def transport(self, transport: Transport) -> None:
         self._transport = transport
 
+    @property
+    def backends(self) -> BackendTransport:
+        """The transport of ``backend`` routes, made when first needed (one for all
+        threads; each thread keeps its own connection to each backend)."""
+        if self._backends is None:
+            with self._transport_lock:
+                if self._backends is None:
+                    # Imported here: a worker with no backend route never imports it.
+                    from bumail_queue.delivery.backend import BackendTransport
+
+                    self._backends = BackendTransport()
+        return self._backends
+
     def _close_transport(self, *, idle_only: bool = False) -> None:
         """Close the transport's connections (those idle past their reuse, with
         ``idle_only``); a transport never made has none."""
@@ -166,6 +184,8 @@ class WorkerBase:
                 self._transport.close_idle()
             else:
                 self._transport.close()
+        if self._backends is not None and not idle_only:
+            self._backends.close()
 
     def _default_transport(self) -> Transport:
         from bumail_queue.delivery.dkim import Signatures
@@ -226,6 +246,18 @@ class WorkerBase:
         self._stop_requested = True
         self._stopping.set()
         self.wake()
+
+    def _stop_for(self, error: QueueConfigurationError, item_id: str) -> None:
+        """Stop at once on a configuration no delivery can get past (a backend route
+        that cannot be imported or refuses its options), saying why in one line; the
+        item's lease brings it back for a worker whose settings are fixed."""
+        with self._changed:
+            first = self.configuration_error is None
+            if first:
+                self.configuration_error = error
+        if first:
+            logger.error("stopping: %s", error.message, extra={"action": "stop", "item_id": item_id})
+        self.stop()
 
     def request_stop(self) -> None:
         """Ask the loop to stop, from a signal handler: it takes no lock, so it cannot

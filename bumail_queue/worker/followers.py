@@ -42,7 +42,7 @@ class Followers(WorkerBase):
                     continue
                 suppressed = self._suppressed.get(item.id, {})
                 addresses = [r.address for r in item.pending_recipients if r.address not in suppressed]
-                if list(group_by_destination(addresses, self.settings)) != [destination]:
+                if list(group_by_destination(addresses, self.settings, item.channel)) != [destination]:
                     continue  # the same smarthost host and port, another route (user, TLS)
                 del self._waiting[index]
                 del self._prefetched[item.id]

@@ -12,7 +12,7 @@ from collections.abc import Container
 from datetime import datetime
 
 from bumail_queue.delivery.routes import group_by_destination
-from bumail_queue.errors import QueueError
+from bumail_queue.errors import QueueConfigurationError, QueueError
 from bumail_queue.items import QueueItem
 from bumail_queue.outcomes import (
     Stats,
@@ -191,7 +191,7 @@ class Worker(Attempts, Recording, Upkeep):
     def _limit_keys(self, item: QueueItem, suppressed: Container[str] = ()) -> set[str]:
         # A suppressed recipient needs no session, so no slot at its destination.
         pending = [r.address for r in item.pending_recipients if r.address not in suppressed]
-        return {d.limit_key for d in group_by_destination(pending, self.settings)}
+        return {d.limit_key for d in group_by_destination(pending, self.settings, item.channel)}
 
     def _start_what_fits(self, pool: ThreadPool) -> None:
         with self._changed:
@@ -273,6 +273,8 @@ class Worker(Attempts, Recording, Upkeep):
             attempt = None
             try:
                 attempt = self._attempt(item, follower=follower, handoff=handoff)
+            except QueueConfigurationError as error:  # a route set up wrongly: no mail can go by it
+                self._stop_for(error, item.id)
             except QueueError as error:  # the store is down: said once, the lease brings the item back
                 report_error(error, item.id)
             except Exception as error:  # a bug: the lease brings the item back

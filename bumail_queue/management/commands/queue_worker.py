@@ -124,6 +124,8 @@ class Command(BaseCommand):
             "stopped items=%d delivered=%d deferred=%d failed=%d held=%d",
             stats.items, stats.delivered, stats.deferred, stats.failed, stats.held,
         )  # fmt: skip
+        if worker.configuration_error is not None:
+            raise CommandError(worker.configuration_error.message)
         if worker.burst and stats.store_errors:
             # 0 says nothing was left due: cron and scripts must not take a pass that
             # could not claim or record for one that found nothing to do.
