@@ -17,7 +17,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from email.generator import BytesGenerator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import django.core.mail
 from django.db import connection
@@ -185,6 +185,29 @@ def chain(
             follow.waiting.remove(e)
         deliveries.append(transport.deliver(e, route=Route(type="mx"), hosts=[mx(server)], follow=follow))
     return deliveries
+
+
+@contextlib.contextmanager
+def signals_told(*names: str) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    """Collect the signals ``names`` of ``bumail_queue.signals`` sent meanwhile, in
+    order, as (name, kwargs)."""
+    from bumail_queue import signals
+
+    events: list[tuple[str, dict[str, Any]]] = []
+    receivers = {}
+    for name in names:
+
+        def receiver(sender: Any, name: str = name, **kwargs: Any) -> None:
+            kwargs.pop("signal", None)
+            events.append((name, kwargs))
+
+        receivers[name] = receiver
+        getattr(signals, name).connect(receiver, weak=False)
+    try:
+        yield events
+    finally:
+        for name, receiver in receivers.items():
+            getattr(signals, name).disconnect(receiver)
 
 
 # -- queue_worker processes -------------------------------------------------------------

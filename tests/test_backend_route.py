@@ -17,11 +17,11 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
 
-from bumail_queue import signals
 from bumail_queue.errors import QueueConfigurationError
 from bumail_queue.items import RecipientStatus
 from bumail_queue.models import DeliveryLog
 from bumail_queue.service import QueueService
+from tests.helpers import signals_told
 from tests.servers.esp import Answer, route
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -39,19 +39,8 @@ def store_settings(request):
 @pytest.fixture
 def told():
     """The outcome signals, as (name, kwargs)."""
-    events = []
-    receivers = {}
-    for name in ("delivered", "deferred", "failed"):
-
-        def receiver(sender, name=name, **kwargs):
-            kwargs.pop("signal", None)
-            events.append((name, kwargs))
-
-        receivers[name] = receiver
-        getattr(signals, name).connect(receiver, weak=False)
-    yield events
-    for name, receiver in receivers.items():
-        getattr(signals, name).disconnect(receiver)
+    with signals_told("delivered", "deferred", "failed") as events:
+        yield events
 
 
 def newsletter(*to, cc=(), bcc=()):

@@ -19,14 +19,13 @@ import pytest
 from django.db import connections
 from django.test import override_settings
 
-from bumail_queue import signals
 from bumail_queue.delivery.smtp import SMTPTransport
 from bumail_queue.models import DeliveryLog
 from bumail_queue.service import QueueService
 from bumail_queue.stores import get_store
 from bumail_queue.suppression import SuppressionReason
 from bumail_queue.worker import Worker
-from tests.helpers import wait_until
+from tests.helpers import signals_told, wait_until
 from tests.servers.dns import DNSZone
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -64,21 +63,8 @@ def servers(smtp_servers):
 @pytest.fixture
 def told():
     """The ``failed`` and ``delivered`` signals, in order, as (name, kwargs)."""
-    events = []
-
-    def keep(name):
-        def receiver(sender, **kwargs):
-            kwargs.pop("signal", None)
-            events.append((name, kwargs))
-
-        return receiver
-
-    receivers = {name: keep(name) for name in ("failed", "delivered")}
-    for name, receiver in receivers.items():
-        getattr(signals, name).connect(receiver, weak=False)
-    yield events
-    for name, receiver in receivers.items():
-        getattr(signals, name).disconnect(receiver)
+    with signals_told("failed", "delivered") as events:
+        yield events
 
 
 def routed(recipients_server, senders_server, store_settings, **extra):

@@ -17,7 +17,7 @@ import pytest
 from django.db import connections
 from django.test import override_settings
 
-from bumail_queue import delivery_log, signals
+from bumail_queue import delivery_log
 from bumail_queue import outcomes as outcomes_module
 from bumail_queue.delivery.dns import Destinations
 from bumail_queue.delivery.envelope import Host
@@ -27,7 +27,7 @@ from bumail_queue.models import DeliveryLog
 from bumail_queue.service import QueueService
 from bumail_queue.stores import get_store
 from bumail_queue.worker import Worker
-from tests.helpers import ScriptedTransport
+from tests.helpers import ScriptedTransport, signals_told
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -49,19 +49,8 @@ def _settings():
 @pytest.fixture
 def told():
     """Every signal sent, in order, as (name, kwargs)."""
-    events = []
-    receivers = {}
-    for name in ("delivered", "deferred", "failed", "dsn", "error"):
-
-        def receiver(sender, name=name, **kwargs):
-            kwargs.pop("signal", None)
-            events.append((name, kwargs))
-
-        receivers[name] = receiver
-        getattr(signals, name).connect(receiver, weak=False)
-    yield events
-    for name, receiver in receivers.items():
-        getattr(signals, name).disconnect(receiver)
+    with signals_told("delivered", "deferred", "failed", "dsn", "error") as events:
+        yield events
 
 
 def enqueue(recipients, *, sender="app@example.com", at=T0):
