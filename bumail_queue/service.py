@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from asgiref.sync import sync_to_async
 from django.core.mail import EmailMessage
 from django.db import transaction
 from django.utils import timezone
@@ -315,6 +316,63 @@ class QueueService:
             pending = [r.address for r in item.pending_recipients]
             signals.send(signals.cancelled, item_id=item.id, item=item, recipients=pending)
         return item
+
+    # -- from async code ------------------------------------------------------------------
+    #
+    # Each runs its sync counterpart through asgiref's sync_to_async, thread-sensitive:
+    # in the thread Django gives the request's sync code, on its database connection.
+    # Async code holds no transaction (transaction.atomic is sync, and ATOMIC_REQUESTS
+    # does not wrap async views), so with the ORM store each call commits on its own;
+    # to enqueue as part of a transaction, do the work in a sync function and await it
+    # through sync_to_async (docs/sending.md).
+
+    async def aenqueue(
+        self,
+        message: EmailMessage | bytes,
+        *,
+        sender: str | None = None,
+        recipients: Sequence[str] | None = None,
+        at: datetime | None = None,
+        key: str | None = None,
+        priority: int = DEFAULT_PRIORITY,
+        channel: str = DEFAULT_CHANNEL,
+    ) -> QueueItem:
+        """``enqueue()``, awaited."""
+        return await sync_to_async(self.enqueue, thread_sensitive=True)(
+            message, sender=sender, recipients=recipients, at=at, key=key, priority=priority, channel=channel
+        )
+
+    async def aenqueue_many(
+        self,
+        messages: Sequence[EmailMessage | bytes],
+        *,
+        sender: str | None = None,
+        recipients: Sequence[str] | None = None,
+        at: datetime | None = None,
+        keys: Sequence[str | None] | None = None,
+        priority: int = DEFAULT_PRIORITY,
+        channel: str = DEFAULT_CHANNEL,
+    ) -> builtins.list[QueueItem]:
+        """``enqueue_many()``, awaited."""
+        return await sync_to_async(self.enqueue_many, thread_sensitive=True)(
+            messages, sender=sender, recipients=recipients, at=at, keys=keys, priority=priority, channel=channel
+        )
+
+    async def aget(self, id: str) -> QueueItem | None:
+        """``get()``, awaited."""
+        return await sync_to_async(self.get, thread_sensitive=True)(id)
+
+    async def acount(self) -> int:
+        """``count()``, awaited."""
+        return await sync_to_async(self.count, thread_sensitive=True)()
+
+    async def aretry_now(self, id: str) -> bool:
+        """``retry_now()``, awaited."""
+        return await sync_to_async(self.retry_now, thread_sensitive=True)(id)
+
+    async def acancel(self, id: str) -> QueueItem | None:
+        """``cancel()``, awaited."""
+        return await sync_to_async(self.cancel, thread_sensitive=True)(id)
 
     # -- for operators: the admin and queue_status ---------------------------------------
 

@@ -14,4 +14,6 @@ urlpatterns = [
     path("send-many/", views.send_many),
     path("send-then-fail/", views.send_then_fail),
     path("send-one-then-fail/", views.send_one_then_fail),
+    path("send-async/", views.send_async),
+    path("send-async-in-a-transaction/", views.send_async_in_a_transaction),
 ]
