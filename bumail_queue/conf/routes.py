@@ -19,8 +19,8 @@ ROUTE_TYPES: Final = ("mx", "smarthost", "backend")
 TLS_MODES: Final = ("starttls", "implicit", "none")
 _ROUTE_KEYS: Final = {
     "mx": {"TYPE", "TLS_REQUIRED"},
-    "smarthost": {"TYPE", "HOST", "PORT", "USERNAME", "PASSWORD", "TLS", "TLS_VERIFY"},
-    "backend": {"TYPE", "BACKEND", "OPTIONS", "NAME"},
+    "smarthost": {"TYPE", "HOST", "PORT", "USERNAME", "PASSWORD", "TLS", "TLS_VERIFY", "NAME", "FALLBACK"},
+    "backend": {"TYPE", "BACKEND", "OPTIONS", "NAME", "FALLBACK"},
 }
 _DOTTED_PATH: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 
@@ -53,6 +53,15 @@ class Route:
     backend: str | None = None
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False, hash=False)
     name: str | None = None
+    # Where the mail goes when this route was not reached at all (FALLBACK).
+    fallback: Route | None = None
+
+    @property
+    def label(self) -> str:
+        """What the route is called: its ``NAME``, else its smarthost's ``HOST:PORT``."""
+        if self.name is not None:
+            return self.name
+        return f"{self.host}:{self.port}" if self.type == "smarthost" else self.type
 
 
 def check_route(check: Validator, value: Any, where: str) -> None:
@@ -78,6 +87,20 @@ def check_route(check: Validator, value: Any, where: str) -> None:
         _check_smarthost(check, value, where)
     elif route_type == "backend":
         _check_backend(check, value, where)
+    if route_type != "mx":
+        _check_name(check, value, where)
+    fallback = value.get("FALLBACK")
+    if isinstance(fallback, Mapping):
+        if fallback.get("TYPE") not in ("smarthost", "backend") or "FALLBACK" in fallback:
+            check.add(
+                "bumail_queue.E007",
+                where,
+                f"{where}['FALLBACK'] must be a smarthost or backend route of no fallback of its own, or the NAME of one.",
+            )
+        else:
+            check_route(check, fallback, f"{where}['FALLBACK']")
+    elif fallback is not None and not isinstance(fallback, str):
+        check.add("bumail_queue.E007", where, f"{where}['FALLBACK'] must be a route, or the NAME of one.")
     for flag in ("TLS_REQUIRED", "TLS_VERIFY"):
         if flag in value and not isinstance(value[flag], bool):
             check.add("bumail_queue.E007", where, f"{where}['{flag}'] must be True or False.")
@@ -123,13 +146,6 @@ def _check_backend(check: Validator, value: Mapping[str, Any], where: str) -> No
             f"{where}['BACKEND'] must be the dotted path of a Django email backend, such as "
             f"'anymail.backends.postmark.EmailBackend'; got {shown}.",
         )
-    name = value.get("NAME")
-    if name is not None and (not isinstance(name, str) or not CHANNEL_PATTERN.fullmatch(name)):
-        check.add(
-            "bumail_queue.E007",
-            where,
-            f"{where}['NAME'] must be a name of ASCII letters, digits, '.', '_', ':' and '-', such as 'postmark'.",
-        )
     options = value.get("OPTIONS", {})
     # Never echo the options: they hold API keys.
     if not isinstance(options, Mapping) or not all(isinstance(key, str) for key in options):
@@ -140,12 +156,23 @@ def _check_backend(check: Validator, value: Mapping[str, Any], where: str) -> No
         )
 
 
+def _check_name(check: Validator, value: Mapping[str, Any], where: str) -> None:
+    name = value.get("NAME")
+    if name is not None and (not isinstance(name, str) or not CHANNEL_PATTERN.fullmatch(name)):
+        check.add(
+            "bumail_queue.E007",
+            where,
+            f"{where}['NAME'] must be a name of ASCII letters, digits, '.', '_', ':' and '-', such as 'postmark'.",
+        )
+
+
 def check_routes(check: Validator, raw: Mapping[str, Any]) -> None:
     """Check ``ROUTE``, each route of ``ROUTES``, keyed by recipient domain, and of
     ``CHANNEL_ROUTES``, keyed by channel; two backend routes that differ never share a name."""
     check_route(check, raw.get("ROUTE", DEFAULTS["ROUTE"]), "BUMAIL_QUEUE['ROUTE']")
     _check_channel_routes(check, raw)
     _check_backend_names(check, raw)
+    _check_fallback_names(check, raw)
     routes = raw.get("ROUTES", DEFAULTS["ROUTES"])
     if not isinstance(routes, Mapping):
         check.add("bumail_queue.E007", "ROUTES", "BUMAIL_QUEUE['ROUTES'] must be a dict of recipient domain to route.")
@@ -203,13 +230,82 @@ def _check_backend_names(check: Validator, raw: Mapping[str, Any]) -> None:
             )
 
 
+def _places(raw: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """Every route of the settings, with where it is set."""
+    places = [("BUMAIL_QUEUE['ROUTE']", raw.get("ROUTE", DEFAULTS["ROUTE"]))]
+    for key in ("ROUTES", "CHANNEL_ROUTES"):
+        table = raw.get(key)
+        if isinstance(table, Mapping):
+            places += [(f"BUMAIL_QUEUE[{key!r}][{name!r}]", route) for name, route in table.items()]
+    return places
+
+
+def _label(route: Mapping[str, Any]) -> str | None:
+    """What a route's raw setting calls it (``NAME``, a backend's path, ``HOST:PORT``)."""
+    if "NAME" in route:
+        return str(route["NAME"])
+    if route.get("TYPE") == "backend":
+        return str(route.get("BACKEND"))
+    if route.get("TYPE") == "smarthost":
+        tls = route.get("TLS", "starttls")
+        return f"{route.get('HOST')}:{route.get('PORT', 465 if tls == 'implicit' else 587)}"
+    return None
+
+
+def _check_fallback_names(check: Validator, raw: Mapping[str, Any]) -> None:
+    """A FALLBACK given by name names a smarthost or backend route set elsewhere, not itself."""
+    places = [(where, route) for where, route in _places(raw) if isinstance(route, Mapping)]
+    named = {_label(route): route for _, route in places if route.get("TYPE") in ("smarthost", "backend")}
+    for where, route in places:
+        fallback = route.get("FALLBACK")
+        if not isinstance(fallback, str):
+            continue
+        target = named.get(fallback)
+        if target is None or target is route:
+            check.add(
+                "bumail_queue.E007",
+                where,
+                f"{where}['FALLBACK'] names {fallback!r}, and no other smarthost or backend route of "
+                "ROUTE, ROUTES or CHANNEL_ROUTES is so named.",
+            )
+
+
+def routes_from(raw: Mapping[str, Any]) -> tuple[Route, dict[str, Route], dict[str, Route]]:
+    """``ROUTE``, ``ROUTES`` (by normal domain) and ``CHANNEL_ROUTES`` of valid settings,
+    each FALLBACK given by name replaced by the route it names."""
+    route = route_from(raw["ROUTE"])
+    routes = {normalise_domain(domain): route_from(value) for domain, value in raw["ROUTES"].items()}
+    channels = {channel: route_from(value) for channel, value in raw["CHANNEL_ROUTES"].items()}
+    named = {r.label: r for r in (route, *routes.values(), *channels.values()) if r.type != "mx"}
+
+    def resolved(given: Route, value: Mapping[str, Any]) -> Route:
+        fallback = value.get("FALLBACK")
+        if not isinstance(fallback, str):
+            return given
+        # The route named, as itself: one fallback per attempt, never a chain.
+        return dataclasses.replace(given, fallback=dataclasses.replace(named[fallback], fallback=None))
+
+    return (
+        resolved(route, raw["ROUTE"]),
+        {
+            d: resolved(r, raw["ROUTES"][k])
+            for (k, _), (d, r) in zip(raw["ROUTES"].items(), routes.items(), strict=True)
+        },
+        {c: resolved(r, raw["CHANNEL_ROUTES"][c]) for c, r in channels.items()},
+    )
+
+
 def route_from(raw: Mapping[str, Any]) -> Route:
     if raw["TYPE"] == "mx":
         return Route(type="mx", tls_required=raw.get("TLS_REQUIRED", False))
     if raw["TYPE"] == "backend":
         backend = raw["BACKEND"]
         return Route(
-            type="backend", backend=backend, options=dict(raw.get("OPTIONS", {})), name=raw.get("NAME", backend)
+            type="backend",
+            backend=backend,
+            options=dict(raw.get("OPTIONS", {})),
+            name=raw.get("NAME", backend),
+            fallback=_inline_fallback(raw),
         )
     tls = raw.get("TLS", "starttls")
     return Route(
@@ -221,4 +317,11 @@ def route_from(raw: Mapping[str, Any]) -> Route:
         tls=tls,
         tls_verify=raw.get("TLS_VERIFY", True),
         tls_required=tls != "none",
+        name=raw.get("NAME"),
+        fallback=_inline_fallback(raw),
     )
+
+
+def _inline_fallback(raw: Mapping[str, Any]) -> Route | None:
+    fallback = raw.get("FALLBACK")
+    return route_from(fallback) if isinstance(fallback, Mapping) else None

@@ -19,7 +19,7 @@ from .dkim import check_dkim, dkim_from
 from .monitoring import check_metrics, check_suppression
 from .mta_sts import check_mta_sts
 from .names import HOSTNAME, effective_hostname, normalise_domain, parse_nameserver, parse_network
-from .routes import check_routes, route_from
+from .routes import check_routes, routes_from
 from .shaping import check_shaping, shaping_from
 from .tasks import task_problems, tasks_from
 from .validator import Problem, Validator, as_timedelta
@@ -237,15 +237,16 @@ def load(raw: Any) -> QueueSettings:
         raise QueueConfigurationError(f"BUMAIL_QUEUE is not valid:\n{lines}")
     values = {**DEFAULTS, **raw}
     nameservers = values["DNS_NAMESERVERS"]
+    route, routes, channel_routes = routes_from(values)
     return QueueSettings(
         store=values["STORE"],
         database=values["DATABASE"],
         redis_connection=values["REDIS_CONNECTION"],
         redis_key_prefix=values["REDIS_KEY_PREFIX"],
         hostname=effective_hostname(values),
-        route=route_from(values["ROUTE"]),
-        routes={normalise_domain(domain): route_from(route) for domain, route in values["ROUTES"].items()},
-        channel_routes={channel: route_from(route) for channel, route in values["CHANNEL_ROUTES"].items()},
+        route=route,
+        routes=routes,
+        channel_routes=channel_routes,
         mx_port=values["MX_PORT"],
         dns_nameservers=None if nameservers is None else tuple(filter(None, map(parse_nameserver, nameservers))),
         concurrency=values["CONCURRENCY"],

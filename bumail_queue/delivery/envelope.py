@@ -76,7 +76,10 @@ class Delivery:
     MTA-STS policy ended, for the TLS reports (none without a policy).
     Through an email backend, ``message_ids`` holds the ESP's message id of each
     recipient it gave one to, and ``retry_after`` how long the ESP asked to be left
-    alone (``Retry-After``): the next attempt is no sooner.
+    alone (``Retry-After``): the next attempt is no sooner. ``unreached`` says that no
+    server or API could have taken the message (a refused or failed connection, a
+    DNS failure, an API that answered 5xx): a route's ``FALLBACK`` may take it, and
+    nothing can be sent twice.
     """
 
     outcomes: Mapping[str, Outcome]
@@ -86,6 +89,7 @@ class Delivery:
     tls_sessions: tuple[TLSSession, ...] = ()
     message_ids: Mapping[str, str] = dataclasses.field(default_factory=dict)
     retry_after: timedelta | None = None
+    unreached: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -211,6 +211,25 @@ class Attempts(Followers):
         return Path(route=route, hosts=tuple(hosts), policy=policy)
 
     def _send(self, envelope: Envelope, path: Path, *, reuse: bool = True, follow: Follow | None = None) -> Delivery:
+        delivery = self._send_by(envelope, path, reuse=reuse, follow=follow)
+        fallback = path.route.fallback
+        if fallback is None or not delivery.unreached:
+            return delivery
+        if any(o.status is not RecipientStatus.DEFERRED for o in delivery.outcomes.values()):
+            return delivery  # something was decided: the route was reached after all
+        # Nothing could have taken the message: the fallback cannot send it twice.
+        logger.info(
+            "fallback item=%s from=%s to=%s",
+            envelope.item_id, path.route.label, fallback.label,
+            extra={"action": "fallback", "item_id": envelope.item_id},
+        )  # fmt: skip
+        hosts: tuple[Host, ...] = ()
+        if fallback.type == "smarthost":
+            assert fallback.host is not None and fallback.port is not None  # a smarthost's, checked
+            hosts = (Host(name=fallback.host, port=fallback.port),)
+        return self._send_by(envelope, Path(route=fallback, hosts=hosts, policy=None), reuse=reuse)
+
+    def _send_by(self, envelope: Envelope, path: Path, *, reuse: bool = True, follow: Follow | None = None) -> Delivery:
         route, hosts = path.route, path.hosts
         if route.type == "backend":
             return self.backends.deliver(envelope, route=route, reuse=reuse)

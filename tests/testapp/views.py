@@ -36,7 +36,9 @@ def send_one_then_fail(request: HttpRequest) -> HttpResponse:
 
 async def send_async(request: HttpRequest) -> HttpResponse:
     """An async view: the enqueue awaited, as the service offers it."""
-    item = await queue.aenqueue(EmailMessage("Welcome", "Hello there.", None, [request.GET.get("to", "user@example.org")]))
+    item = await queue.aenqueue(
+        EmailMessage("Welcome", "Hello there.", None, [request.GET.get("to", "user@example.org")])
+    )
     return HttpResponse(item.id)
 
 

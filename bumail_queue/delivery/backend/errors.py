@@ -51,6 +51,19 @@ _SES_TEMPORARY = frozenset(
         "RequestTimeout",
     }
 )
+#: Exceptions (of requests, urllib3, botocore, the standard library) raised before a
+#: request could reach the other side.
+_NOT_CONNECTED = frozenset(
+    {
+        "ConnectTimeout",
+        "ConnectTimeoutError",
+        "NewConnectionError",
+        "NameResolutionError",
+        "EndpointConnectionError",
+        "ConnectionRefusedError",
+        "gaierror",
+    }
+)
 #: The most of an exception's text kept in a reply.
 _TEXT_LIMIT = 300
 
@@ -66,6 +79,8 @@ class Failure:
 
     outcomes: Mapping[str, Outcome]
     retry_after: timedelta | None = None
+    #: Nothing reached what could have accepted the message: a FALLBACK may take it.
+    unreached: bool = False
 
 
 def classify(
@@ -103,7 +118,8 @@ def classify(
     if isinstance(error, smtplib.SMTPResponseException):
         return Failure(outcomes=dict.fromkeys(recipients, _smtp_outcome(error.smtp_code, error.smtp_error)))
     if isinstance(error, OSError) or names & {"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError"}:
-        return _temporary(recipients, f"The backend was not reached: {type(error).__name__}: {_text(error, secrets)}")
+        text = f"The backend was not reached: {type(error).__name__}: {_text(error, secrets)}"
+        return dataclasses.replace(_temporary(recipients, text), unreached=not _maybe_sent(error))
     return _temporary(recipients, f"The backend raised {type(error).__name__}: {_text(error, secrets)}")
 
 
@@ -112,13 +128,16 @@ def _http_failure(error: BaseException, recipients: Sequence[str], secrets: Sequ
     status = getattr(error, "status_code", None) or getattr(response, "status_code", None)
     text = _text(error, secrets)
     if not isinstance(status, int):
-        return _temporary(recipients, f"The ESP was not reached: {text}")
+        failure = _temporary(recipients, f"The ESP was not reached: {text}")
+        return dataclasses.replace(failure, unreached=not _maybe_sent(error))
     if status == 429 or status >= 500:
         return Failure(
             outcomes=dict.fromkeys(
                 recipients, _own(4, "4.3.2" if status >= 500 else "4.7.0", f"The ESP answered HTTP {status}: {text}")
             ),
             retry_after=_retry_after(getattr(response, "headers", None)),
+            # An API that failed took nothing; one that says "later" asks to be waited for.
+            unreached=status >= 500,
         )
     return Failure(
         outcomes=dict.fromkeys(recipients, _own(5, "5.0.0", f"The ESP refused the message, HTTP {status}: {text}"))
@@ -131,6 +150,19 @@ def _ses_failure(error: Any, recipients: Sequence[str], secrets: Sequence[str]) 
     if code in _SES_TEMPORARY:
         return _temporary(recipients, f"SES answered {code}: {text}")
     return Failure(outcomes=dict.fromkeys(recipients, _own(5, "5.0.0", f"SES refused the message ({code}): {text}")))
+
+
+def _maybe_sent(error: BaseException) -> bool:
+    """Whether the request may have reached the API before ``error``: a read timeout
+    (the request went, no answer came) may hide an accepted message; a refused or
+    failed connection, or a timeout while connecting, cannot."""
+    chain: list[BaseException] = []
+    cause: BaseException | None = error
+    while cause is not None and len(chain) < 10:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    names = {cls.__name__ for e in chain for cls in type(e).__mro__}
+    return not names & _NOT_CONNECTED
 
 
 def _retry_after(headers: Any) -> timedelta | None:

@@ -60,7 +60,12 @@ class BackendTransport:
                 return Delivery(outcomes=outcomes, remote_host=route.name, message_ids=message_ids)
             failure = classify(error, recipients, route_name=route.name, secrets=_secrets(route.options))
             logger.info("%s: the backend %s raised %s", envelope.item_id, route.name, type(error).__name__)
-            return Delivery(outcomes=failure.outcomes, remote_host=route.name, retry_after=failure.retry_after)
+            return Delivery(
+                outcomes=failure.outcomes,
+                remote_host=route.name,
+                retry_after=failure.retry_after,
+                unreached=failure.unreached,
+            )
         if not reuse:
             self._drop(route, connection)
         outcomes, message_ids = _outcomes(message, recipients, sent, route.name)

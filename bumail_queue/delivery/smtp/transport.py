@@ -142,6 +142,8 @@ class SMTPTransport:
                 tls=tls,
                 option_error=option_error,
                 tls_sessions=tuple(tls_sessions),
+                # No server said a word: none can have taken the message.
+                unreached=remote_host is None and option_error is None,
             )
 
         primed = self._take_primed(envelope.item_id)
