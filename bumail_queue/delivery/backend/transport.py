@@ -120,10 +120,14 @@ def _outcomes(
     reason = ""
     if any(str(getattr(s, "status", "")) not in _ACCEPTED for s in by_address.values()):
         reason = _esp_reason(message)
+    # django-ses says the SES message id in the message's extra headers.
+    ses_id = message.extra_headers.get("message_id") if sent else None
     for recipient in recipients:
         said = by_address.get(normal_address(recipient))
         if said is None:
             outcomes[recipient] = _unnamed(sent, name)
+            if ses_id:
+                message_ids[recipient] = str(ses_id)
             continue
         message_id = getattr(said, "message_id", None)
         if message_id is not None and str(message_id):  # the test backend's first is 0
