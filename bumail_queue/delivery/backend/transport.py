@@ -56,7 +56,7 @@ class BackendTransport:
                 self._drop(route, connection)  # a connection that failed is not kept
             if _refused_each(error, message):
                 # anymail says of each recipient why, before it raises: that decides them.
-                outcomes, message_ids = _outcomes(message, recipients, 0, route.name)
+                outcomes, message_ids = _outcomes(message, recipients, 0, route)
                 return Delivery(outcomes=outcomes, remote_host=route.name, message_ids=message_ids)
             failure = classify(error, recipients, route_name=route.name, secrets=_secrets(route.options))
             logger.info("%s: the backend %s raised %s", envelope.item_id, route.name, type(error).__name__)
@@ -68,7 +68,7 @@ class BackendTransport:
             )
         if not reuse:
             self._drop(route, connection)
-        outcomes, message_ids = _outcomes(message, recipients, sent, route.name)
+        outcomes, message_ids = _outcomes(message, recipients, sent, route)
         return Delivery(outcomes=outcomes, remote_host=route.name, message_ids=message_ids)
 
     def close_idle(self) -> None:
@@ -109,7 +109,7 @@ class BackendTransport:
 
 
 def _outcomes(
-    message: QueuedMessage, recipients: Sequence[str], sent: int | None, name: str
+    message: QueuedMessage, recipients: Sequence[str], sent: int | None, route: Route
 ) -> tuple[dict[str, Outcome], dict[str, str]]:
     """What the backend said of each recipient: anymail's ``anymail_status`` where the
     backend sets it, else one outcome for all from what ``send_messages()`` returned."""
@@ -117,9 +117,10 @@ def _outcomes(
     by_address = {normal_address(a): s for a, s in (getattr(status, "recipients", None) or {}).items()}
     outcomes: dict[str, Outcome] = {}
     message_ids: dict[str, str] = {}
+    name = str(route.name)
     reason = ""
     if any(str(getattr(s, "status", "")) not in _ACCEPTED for s in by_address.values()):
-        reason = _esp_reason(message)
+        reason = _esp_reason(message, _secrets(route.options))
     # django-ses says the SES message id in the message's extra headers.
     ses_id = message.extra_headers.get("message_id") if sent else None
     for recipient in recipients:
@@ -143,8 +144,9 @@ def _refused_each(error: BaseException, message: QueuedMessage) -> bool:
     return "AnymailRecipientsRefused" in names and bool(getattr(status, "recipients", None))
 
 
-def _esp_reason(message: QueuedMessage) -> str:
-    """What the ESP's answer said, where it says it in a JSON field of the usual names."""
+def _esp_reason(message: QueuedMessage, secrets: Sequence[str]) -> str:
+    """What the ESP's answer said, where it says it in a JSON field of the usual names,
+    the route's secrets cut out."""
     response = getattr(getattr(message, "anymail_status", None), "esp_response", None)
     try:
         data = response.json() if response is not None else None
@@ -153,7 +155,10 @@ def _esp_reason(message: QueuedMessage) -> str:
     if isinstance(data, dict):
         for key in ("Message", "message", "error", "detail"):
             if isinstance(data.get(key), str):
-                return " ".join(data[key].split())[:300]
+                text = data[key]
+                for secret in secrets:
+                    text = text.replace(secret, "[redacted]")
+                return " ".join(text.split())[:300]
     return ""
 
 
