@@ -14,6 +14,7 @@ its own. Without it they are deselected and reported; under ``CI`` the run fails
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import uuid
 from collections.abc import Iterator
@@ -115,6 +116,19 @@ def _deselect_redis_tests_without_redis(config: pytest.Config, items: list[pytes
             f"bumail_queue: {len(wanting)} tests deselected: Redis cannot be reached at {settings.REDIS_URL} "
             f"({reason}); set REDIS_URL, as CI does."
         )
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None) -> Iterator[None]:
+    """pytest-django's test databases, dropped only once no other session uses them.
+
+    A thread that ended without closing its database connection leaves it to the
+    garbage collector: Django's connection objects hold reference cycles, so only a
+    collection closes them, and PostgreSQL refuses to drop a database while one is
+    open (the tests' threads close theirs; this is for the one that slips).
+    """
+    yield
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)

@@ -398,6 +398,8 @@ def test_a_policy_host_that_dribbles_holds_no_delivery_thread_past_the_fetch_dea
     # deadline, the thread waiting for it too, and the healthy domain's mail goes.
     import threading
 
+    from django.db import connections
+
     from bumail_queue.conf import get_settings
     from bumail_queue.delivery.mta_sts import STSPolicies
     from bumail_queue.worker import Worker
@@ -427,7 +429,14 @@ def test_a_policy_host_that_dribbles_holds_no_delivery_thread_past_the_fetch_dea
             fetch_seconds=2.0,
         )
         worker = Worker(mta_sts=policies)
-        thread = threading.Thread(target=worker.run)
+
+        def run() -> None:
+            try:
+                worker.run()
+            finally:
+                connections.close_all()  # this thread's own, as a worker process would at exit
+
+        thread = threading.Thread(target=run)
         thread.start()
         try:
             assert wait_until(lambda: len(healthy.messages) == 3)

@@ -127,7 +127,14 @@ def test_the_default_settings_give_one_destination_twenty_sessions_at_once(smtp_
     with override_settings(BUMAIL_QUEUE=smarthost(smtp_server)):
         enqueue(25)
         passes: list[object] = []
-        delivering = threading.Thread(target=lambda: passes.append(queue.deliver_due()))
+
+        def deliver() -> None:
+            try:
+                passes.append(queue.deliver_due())
+            finally:
+                connections.close_all()  # this thread's own
+
+        delivering = threading.Thread(target=deliver)
         delivering.start()
         try:
             assert wait_until(lambda: smtp_server.held == 20)
