@@ -317,6 +317,11 @@ class ShapingBucket(models.Model):
     active_at = models.FloatField(default=0)
     held = models.PositiveIntegerField(_("held back"), default=0)
     held_until = models.FloatField(default=0)
+    # A QUOTA's count: bin start -> what was sent while it was the newest; the window
+    # they were counted for; when the newest leaves it (the bucket is not idle before).
+    quota_bins = models.JSONField(_("quota's count"), default=dict)
+    quota_period = models.FloatField(default=0)
+    quota_until = models.FloatField(default=0)
     # The last request granted: a statement that decides in one step returns it, so the
     # caller knows whether its own request was the one.
     granted = models.CharField(max_length=32, default="", editable=False)

@@ -21,7 +21,7 @@ from .conf import QueueSettings, get_settings, normalise_domain
 from .errors import ErrorCode, QueueError, first_line
 from .items import DEFAULT_CHANNEL, DEFAULT_PRIORITY, NewItem, QueueItem, Reply, check_channel, check_priority
 from .queries import AGE_BUCKETS, ItemQuery, ItemState, QueueSummary, RetryResult
-from .shaping import DestinationState
+from .shaping import DestinationState, Patterns
 from .stores import QueueStore, get_store
 from .suppression import Suppression, SuppressionChange, SuppressionReason
 from .text import require_keepable
@@ -409,7 +409,11 @@ class QueueService:
         empty without ``SHAPING``, which then costs no store call."""
         if not self.settings.shaping:
             return []
-        return self.store.destination_states(now=self.clock())
+        now = self.clock()
+        patterns = Patterns(self.settings.shaping)
+        return [
+            state.with_quota(patterns.limits_of(state.key), now) for state in self.store.destination_states(now=now)
+        ]
 
     def read_message(self, id: str) -> bytes | None:
         """Return an item's message as queued, or ``None``."""

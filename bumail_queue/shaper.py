@@ -134,8 +134,12 @@ class Shaper:
 
     # -- before a session -----------------------------------------------------------
 
-    def enter(self, shape: Shape) -> Ticket | Held:
-        """Ask for room: a ``Ticket`` to start the session, or ``Held`` to wait."""
+    def enter(self, shape: Shape, *, recipients: int = 1) -> Ticket | Held:
+        """Ask for room: a ``Ticket`` to start the session, or ``Held`` to wait.
+
+        ``recipients``: how many the session's message has at the destination, what a
+        ``QUOTA`` counts unless it counts messages.
+        """
         now = self.clock()
         key, limits = shape.key, shape.limits
         with self._lock:
@@ -153,6 +157,7 @@ class Shaper:
             slot_until=now + self.settings.lease if slot is not None else None,
             held=untold.count,
             held_until=untold.until,
+            cost=1 if limits.quota is None else limits.quota.cost(recipients),
         )
         try:
             permit = self.store.take_permit(request)
@@ -164,13 +169,20 @@ class Shaper:
                 with self._lock:
                     self._slots[slot] = key
             return Ticket(shape=shape, slot=slot, started=time.monotonic())
-        pace = self._pace(shape, permit.limit)
+        pace = self._pace(shape, permit.limit, now=now, reason=permit.reason)
         until = permit.retry_at if permit.retry_at is not None else now + max(pace, SHORTEST_HOLD)
         return self._hold(key, until, pace, permit.reason or "concurrency")
 
-    def _pace(self, shape: Shape, limit: int | None) -> timedelta:
-        """The time between two messages to ``shape``'s destination at the pace it allows."""
+    def _pace(self, shape: Shape, limit: int | None, *, now: datetime, reason: str | None = None) -> timedelta:
+        """The time between two messages to ``shape``'s destination at the pace it allows.
+
+        Held for a quota, the items come back a bin's length over the quota apart: a
+        bin's worth of room, all a bin can have taken, in a bin's length at most.
+        """
         limits = shape.limits
+        allowed = None if limits.quota is None else limits.quota.allowed_at(now)
+        if reason == "quota" and limits.quota is not None and allowed:
+            return timedelta(seconds=limits.quota.width / allowed)
         if limits.rate is not None:
             return timedelta(seconds=1 / limits.rate.per_second)
         if limits.concurrency is not None:
@@ -261,7 +273,7 @@ class Shaper:
 
     def _spacing_after(self, shape: Shape) -> timedelta:
         """How far apart the items held by a suspension come back once it ends."""
-        return self._pace(shape, shape.limits.slow_start)
+        return self._pace(shape, shape.limits.slow_start, now=self.clock())
 
     # -- the worker's side threads --------------------------------------------------
 

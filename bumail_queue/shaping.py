@@ -16,7 +16,8 @@ A bucket has three parts, decided together in one step of the store:
   session's worker renews and that a crashed worker's slot outlives only until it
   ends; ``SLOW_START`` keeps a window below ``CONCURRENCY`` that grows by one per
   successful session and halves on a connection-limit reply;
-- a suspension: until then nothing is granted.
+- a suspension: until then nothing is granted;
+- the bins of a ``QUOTA`` (``bumail_queue.quota``): what was sent in the rolling window.
 """
 
 from __future__ import annotations
@@ -30,6 +31,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from bumail_queue.items import Reply
+from bumail_queue.quota import (
+    COUNT_MESSAGES,
+    COUNT_RECIPIENTS,
+    UNIT_NAMES,
+    Quota,
+    QuotaAsk,
+    fits,
+    live_bins,
+    room_at,
+    window_end,
+)
 
 #: The ``SHAPING`` key of the limits every other destination gets, each for itself.
 DEFAULT_PATTERN: Final = "*"
@@ -88,6 +100,7 @@ class Limits:
     rate: Rate | None = None
     slow_start: int | None = None  # the window a destination starts at; None: no slow start
     suspend: timedelta = DEFAULT_SUSPEND
+    quota: Quota | None = None
 
     @property
     def uses_slots(self) -> bool:
@@ -135,6 +148,10 @@ class Patterns:
 
     def __bool__(self) -> bool:
         return bool(self.exact or self.suffixes or self.default)
+
+    def limits_of(self, key: str) -> Limits | None:
+        """The limits of the bucket ``key``: its pattern's, else ``"*"``'s (a bucket of its own)."""
+        return self.exact.get(key) or dict(self.suffixes).get(key) or self.default
 
     def match(self, name: str, hosts: Sequence[str] = ()) -> Shape | None:
         name = name.rstrip(".").lower()
@@ -221,14 +238,25 @@ class PermitRequest:
     slot_until: datetime | None = None
     held: int = 0
     held_until: datetime | None = None
+    cost: int = 1  # what the session's message counts against a QUOTA
+
+    @property
+    def quota_ask(self) -> QuotaAsk | None:
+        """What the request asks of the destination's quota, ``None`` without one in force."""
+        quota = self.limits.quota
+        allowed = None if quota is None else quota.allowed_at(self.now)
+        if quota is None or allowed is None:
+            return None
+        return QuotaAsk(allowed=allowed, period=quota.period, cost=self.cost)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Permit:
     """The store's answer: room or not, and if not, why and when to ask again.
 
-    ``reason`` is ``"suspended"``, ``"rate"`` or ``"concurrency"`` when refused.
-    ``retry_at`` is when there will be room: the suspension's end or the next token;
+    ``reason`` is ``"suspended"``, ``"quota"``, ``"rate"`` or ``"concurrency"`` when
+    refused. ``retry_at`` is when there will be room: the suspension's end, the quota's
+    room (the oldest of its window's bins leaving it) or the next token;
     ``None`` for a full set of slots, which frees when a session ends. ``sessions`` is
     how many slots are held once the request is decided; ``limit`` the concurrency
     that applied (the slow-start window, or ``CONCURRENCY``), ``None`` without one.
@@ -247,7 +275,11 @@ class DestinationState:
 
     ``sessions``: slots held now; ``window``: the slow-start window, ``None`` without
     one; ``suspended_until``: set while suspended; ``held``: items held back since
-    the destination last had none waiting, the last one due at ``held_until``.
+    the destination last had none waiting, the last one due at ``held_until``;
+    ``quota_used``: what its ``QUOTA`` counted in the rolling window of
+    ``quota_period`` seconds (``None`` when it has no quota's count); ``quota``: the
+    quota in force now, from the settings (``with_quota``), and ``quota_counts`` what it
+    counts (``"recipients"`` or ``"messages"``).
     """
 
     key: str
@@ -256,6 +288,26 @@ class DestinationState:
     suspended_until: datetime | None
     held: int
     held_until: datetime | None
+    quota_used: int = 0
+    quota_period: float | None = None
+    quota: int | None = None
+    quota_counts: str | None = None
+
+    def with_quota(self, limits: Limits | None, now: datetime) -> DestinationState:
+        """This state with the quota in force at ``now`` under ``limits``, for people to read."""
+        quota = None if limits is None else limits.quota
+        allowed = None if quota is None else quota.allowed_at(now)
+        if quota is None or allowed is None:
+            return self
+        counts = COUNT_RECIPIENTS if quota.counts_recipients else COUNT_MESSAGES
+        return dataclasses.replace(self, quota=allowed, quota_counts=counts, quota_period=quota.period)
+
+    @property
+    def quota_text(self) -> str | None:
+        """``"30 of 50 recipients in 24 hours"``, or ``None`` without a quota in force."""
+        if self.quota is None or self.quota_period is None:
+            return None
+        return f"{self.quota_used:,} of {self.quota:,} {self.quota_counts} in {UNIT_NAMES[self.quota_period]}"
 
     def is_throttled(self, now: datetime) -> bool:
         """Whether the destination holds mail back at ``now``: suspended, or items held."""
@@ -272,6 +324,9 @@ class DestinationState:
             "suspended_until": None if self.suspended_until is None else self.suspended_until.isoformat(),
             "held": self.held,
             "held_until": None if self.held_until is None else self.held_until.isoformat(),
+            "quota_used": self.quota_used if self.quota_period is not None else None,
+            "quota": self.quota,
+            "quota_counts": self.quota_counts,
         }
 
 
@@ -313,6 +368,8 @@ class Bucket:
     active_at: float = 0.0
     held: int = 0
     held_until: float = 0.0
+    quota_bins: dict[float, float] = dataclasses.field(default_factory=dict)  # bin start -> count
+    quota_period: float = 0.0  # the window the bins were counted for; 0: no quota yet
 
     def live_slots(self, now: float) -> dict[str, float]:
         return {slot: until for slot, until in self.slots.items() if until > now}
@@ -327,9 +384,14 @@ class Bucket:
         window = self._window(limits, now)
         limit = limit_of(limits.concurrency, window)
         refill = self._refill(limits, now)
+        ask = request.quota_ask
+        if ask is not None:
+            self.quota_bins, self.quota_period = live_bins(self.quota_bins, now=now, period=ask.period), ask.period
         reason = retry = None
         if self.suspended_until > now:
             reason, retry = "suspended", self.suspended_until
+        elif ask is not None and not fits(sum(self.quota_bins.values()), ask):
+            reason, retry = "quota", room_at(self.quota_bins, ask, now=now)
         elif refill is not None and refill < 1:
             assert limits.rate is not None
             reason, retry = "rate", now + (1 - refill) / limits.rate.per_second
@@ -344,6 +406,9 @@ class Bucket:
             self.active_at = now
             if request.slot is not None and request.slot_until is not None:
                 self.slots[request.slot] = seconds(request.slot_until)
+            if ask is not None:
+                start = ask.bin_at(now)
+                self.quota_bins[start] = self.quota_bins.get(start, 0.0) + ask.cost
         return Permit(
             granted=granted,
             reason=reason,
@@ -385,6 +450,12 @@ class Bucket:
             self.suspended_until = max(self.suspended_until, seconds(suspend_until))
         self.active_at = max(self.active_at, at)
 
+    def quota_used(self, now: float) -> int:
+        """What the quota counts at ``now``: the bins still within the window."""
+        if not self.quota_period:
+            return 0
+        return round(sum(live_bins(self.quota_bins, now=now, period=self.quota_period).values()))
+
     def state(self, key: str, now: datetime) -> DestinationState:
         at = seconds(now)
         return DestinationState(
@@ -394,11 +465,19 @@ class Bucket:
             suspended_until=moment_or_none(self.suspended_until, after=at),
             held=self.held if self.held_until > at else 0,
             held_until=moment_or_none(self.held_until, after=at),
+            quota_used=self.quota_used(at),
+            quota_period=self.quota_period or None,
         )
 
     def is_idle(self, before: float, now: float) -> bool:
-        """Whether nothing is left to remember: no activity since ``before``, nothing pending."""
-        return self.active_at < before and self.suspended_until <= now and self.held_until <= now
+        """Whether nothing is left to remember: no activity since ``before``, nothing
+        pending, no quota's count still in its window."""
+        return (
+            self.active_at < before
+            and self.suspended_until <= now
+            and self.held_until <= now
+            and window_end(self.quota_bins, self.quota_period) <= now
+        )
 
 
 def limit_of(concurrency: int | None, window: float | None) -> int | None:

@@ -230,10 +230,13 @@ def worker_env(settings):
     return env
 
 
-def start_worker(settings, *args, redis_url=None):
+def start_worker(settings, *args, redis_url=None, clock_ahead=None):
+    """A ``queue_worker`` process; ``clock_ahead`` (a ``timedelta``) runs its clock that much later."""
     env = worker_env(settings)
     if redis_url is not None:
         env["REDIS_URL"] = redis_url
+    if clock_ahead is not None:
+        env["BUMAIL_TEST_CLOCK_AHEAD"] = str(clock_ahead.total_seconds())
     return subprocess.Popen(
         [sys.executable, "-m", "django", "queue_worker", "-v", "2", *args],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -253,9 +256,9 @@ def read_all(worker):
 
 
 @contextlib.contextmanager
-def running_worker(settings, *args, redis_url=None):
+def running_worker(settings, *args, redis_url=None, clock_ahead=None):
     """A ``queue_worker`` process and the lines it printed; SIGTERM and a wait at the end."""
-    worker = start_worker(settings, *args, redis_url=redis_url)
+    worker = start_worker(settings, *args, redis_url=redis_url, clock_ahead=clock_ahead)
     lines, reader = read_all(worker)
     try:
         yield worker, lines

@@ -13,6 +13,17 @@ import django.core.mail
 
 BASE_DIR = Path(__file__).resolve().parent
 
+if os.environ.get("BUMAIL_TEST_CLOCK_AHEAD"):
+    # A worker process a test starts "later": its whole clock moved ahead, so that a
+    # quota's day passes without a day's wait. Set before any module takes the clock.
+    import datetime
+
+    import django.utils.timezone
+
+    _AHEAD = datetime.timedelta(seconds=float(os.environ["BUMAIL_TEST_CLOCK_AHEAD"]))
+    _real_now = django.utils.timezone.now
+    django.utils.timezone.now = lambda: _real_now() + _AHEAD
+
 SECRET_KEY = "tests-only-not-a-secret"
 DEBUG = False
 USE_TZ = True

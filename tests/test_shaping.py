@@ -181,9 +181,12 @@ def test_shaping_loads_as_limits_by_pattern():
         ({"example.com": {"SUSPEND": -1}}, "SUSPEND that is not a timedelta or a number of seconds"),
         (
             {"example.com": {"LIMIT": 1}},
-            "has the unknown key 'LIMIT' (it takes CONCURRENCY, RATE, SLOW_START, SUSPEND)",
+            "has the unknown key 'LIMIT' (it takes CONCURRENCY, RATE, SLOW_START, SUSPEND, QUOTA, COUNT, WARMUP, WARMUP_START)",
         ),
-        ({"example.com": 5}, "must be a dict of CONCURRENCY, RATE, SLOW_START, SUSPEND; got int"),
+        (
+            {"example.com": 5},
+            "must be a dict of CONCURRENCY, RATE, SLOW_START, SUSPEND, QUOTA, COUNT, WARMUP, WARMUP_START; got int",
+        ),
     ],
 )
 def test_a_wrong_shaping_is_e030_saying_what_is_wrong(shaping, says):

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from typing import Any, Final
 
+from bumail_queue.quota import COUNT_MESSAGES, COUNT_RECIPIENTS, Quota, day_start, parse_quota
 from bumail_queue.shaping import DEFAULT_PATTERN, SLOW_START_INITIAL, Limits, parse_rate
 
 from .names import HOSTNAME, is_ip, normalise_domain
 from .validator import Validator, as_timedelta, duration_seconds
 
-_SHAPING_KEYS: Final = ("CONCURRENCY", "RATE", "SLOW_START", "SUSPEND")
+_SHAPING_KEYS: Final = ("CONCURRENCY", "RATE", "SLOW_START", "SUSPEND", "QUOTA", "COUNT", "WARMUP", "WARMUP_START")
 
 
 def shaping_pattern(key: Any) -> str | None:
@@ -85,7 +87,78 @@ def _limits_problems(limits: Any) -> list[str]:
         problems.append(
             f"has a SUSPEND that is not a timedelta or a number of seconds above 0 and at most 10 years: {limits['SUSPEND']!r}"
         )
+    return problems + _quota_problems(limits)
+
+
+def _quota_problems(limits: Mapping[str, Any]) -> list[str]:
+    problems = []
+    if "QUOTA" in limits and parse_quota(limits["QUOTA"]) is None:
+        problems.append(
+            f"has a QUOTA that is not 'N/d' (a rolling 24 hours) or 'N/h' (a rolling hour) with N a whole "
+            f"number above 0: {limits['QUOTA']!r}"
+        )
+    if "COUNT" in limits:
+        if limits["COUNT"] not in (COUNT_RECIPIENTS, COUNT_MESSAGES):
+            problems.append(f"has a COUNT that is not 'recipients' or 'messages': {limits['COUNT']!r}")
+        elif "QUOTA" not in limits and "WARMUP" not in limits:
+            problems.append("has COUNT without QUOTA or WARMUP: COUNT says what a quota counts")
+    if "WARMUP" in limits:
+        if _warmup_steps(limits["WARMUP"]) is None:
+            problems.append(
+                "has a WARMUP that is not a list of [days, quota] steps, each two whole numbers above 0, "
+                f"e.g. [[3, 50], [4, 200]]: {limits['WARMUP']!r}"
+            )
+        if "WARMUP_START" not in limits:
+            problems.append("has WARMUP without WARMUP_START: the date its first day is (e.g. '2026-12-01')")
+    if "WARMUP_START" in limits:
+        if _warmup_start(limits["WARMUP_START"]) is None:
+            problems.append(f"has a WARMUP_START that is not a date or 'YYYY-MM-DD': {limits['WARMUP_START']!r}")
+        if "WARMUP" not in limits:
+            problems.append("has WARMUP_START without WARMUP")
     return problems
+
+
+def _warmup_steps(raw: Any) -> tuple[tuple[int, int], ...] | None:
+    """A ``WARMUP`` as ``(days, quota)`` steps, or ``None`` when it is not one."""
+    if isinstance(raw, str | bytes) or not isinstance(raw, list | tuple) or not raw:
+        return None
+    steps = []
+    for step in raw:
+        if isinstance(step, str | bytes) or not isinstance(step, list | tuple) or len(step) != 2:
+            return None
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in step):
+            return None
+        steps.append((step[0], step[1]))
+    return tuple(steps)
+
+
+def _warmup_start(raw: Any) -> dt.datetime | None:
+    """Midnight UTC of a ``WARMUP_START`` (a date, a datetime or ``"YYYY-MM-DD"``), or ``None``."""
+    if isinstance(raw, dt.datetime):
+        return day_start(raw)
+    if isinstance(raw, dt.date):
+        return dt.datetime(raw.year, raw.month, raw.day, tzinfo=dt.UTC)
+    if isinstance(raw, str):
+        try:
+            return _warmup_start(dt.date.fromisoformat(raw.strip()))
+        except ValueError:
+            return None
+    return None
+
+
+def _quota_from(raw: Mapping[str, Any]) -> Quota | None:
+    found = parse_quota(raw.get("QUOTA"))
+    steps = _warmup_steps(raw.get("WARMUP"))
+    if found is None and steps is None:
+        return None
+    count, period = found if found is not None else (None, 86400.0)
+    return Quota(
+        count=count,
+        period=period,
+        counts_recipients=raw.get("COUNT", COUNT_RECIPIENTS) == COUNT_RECIPIENTS,
+        warmup=steps or (),
+        warmup_start=_warmup_start(raw.get("WARMUP_START")),
+    )
 
 
 def _limits_from(raw: Mapping[str, Any]) -> Limits:
@@ -98,6 +171,7 @@ def _limits_from(raw: Mapping[str, Any]) -> Limits:
         rate=parse_rate(raw.get("RATE")),
         slow_start=None if slow_start is False or concurrency is None else min(slow_start, concurrency),
         suspend=as_timedelta(raw["SUSPEND"]) if "SUSPEND" in raw else Limits().suspend,
+        quota=_quota_from(raw),
     )
 
 

@@ -21,6 +21,7 @@ from bumail_queue import delivery_log
 from bumail_queue.conf import QueueSettings, get_settings
 from bumail_queue.errors import QueueError
 from bumail_queue.queries import GAUGED_RECIPIENTS, ItemState, QueueGauges
+from bumail_queue.shaping import Patterns
 from bumail_queue.stores import QueueStore, get_store
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class QueueCollector(Collector):
 
     def describe(self) -> list[Metric]:
         """Name the families without reading the store (registration reads nothing)."""
-        return [_up_family(), *_queue_families(), _log_family()]
+        return [_up_family(), *_queue_families(), _log_family(), *_quota_families()]
 
     def collect(self) -> Iterator[Metric]:
         now = self._clock()
@@ -60,6 +61,8 @@ class QueueCollector(Collector):
             yield from self._queue(now)
             if self._settings().delivery_log:
                 yield from self._log(now)
+            if any(limits.quota is not None for limits in self._settings().shaping.values()):
+                yield from self._quotas(now)
         finally:
             if self._close_connections:
                 connections.close_all()
@@ -88,6 +91,36 @@ class QueueCollector(Collector):
         for status, count in counts.items():
             family.add_metric([status], count)
         yield family
+
+    def _quotas(self, now: datetime) -> Iterator[Metric]:
+        """Each shaped destination's quota in force and what it counted in its window."""
+        patterns = Patterns(self._settings().shaping)
+        try:
+            states = self._store().destination_states(now=now)
+        except QueueError as error:
+            logger.warning("the shaping buckets could not be read: %s", error)
+            return
+        used, allowed = _quota_families()
+        for state in states:
+            shown = state.with_quota(patterns.limits_of(state.key), now)
+            if shown.quota is not None:
+                used.add_metric([state.key], shown.quota_used)
+                allowed.add_metric([state.key], shown.quota)
+        yield from (used, allowed)
+
+
+def _quota_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    used = GaugeMetricFamily(
+        "bumail_queue_quota_used",
+        "What a destination's SHAPING QUOTA counted in its rolling window (recipients, or messages with COUNT).",
+        labels=["destination"],
+    )
+    allowed = GaugeMetricFamily(
+        "bumail_queue_quota_limit",
+        "The QUOTA in force at a destination now: its WARMUP step of the day, then QUOTA.",
+        labels=["destination"],
+    )
+    return used, allowed
 
 
 def _up_family() -> GaugeMetricFamily:

@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 
 from bumail_queue.errors import ErrorCode, QueueError
+from bumail_queue.quota import Quota
 from bumail_queue.shaping import Limits, Rate, WindowChange
 from bumail_queue.stores.base import QueueStore
 from bumail_queue.testing.values import (
@@ -201,3 +202,89 @@ class ShapingContract:
         for thread in threads:
             thread.join(30)
         assert sorted(granted) == [False] * 9 + [True] * 3
+
+    # -- QUOTA and WARMUP ---------------------------------------------------------------
+
+    def test_a_quota_counts_what_was_sent_in_the_rolling_window(self, store: QueueStore) -> None:
+        if not self._shapes(store):
+            return
+        assert ask(store, FIVE_A_DAY, cost=2).granted
+        assert ask(store, FIVE_A_DAY, cost=2, at=T0 + HOUR).granted
+        refused = ask(store, FIVE_A_DAY, cost=2, at=T0 + 2 * HOUR)
+        # Room for two comes when the first hour's bin has left the 24 hours behind.
+        assert (refused.granted, refused.reason, refused.retry_at) == (False, "quota", T0 + DAY + HOUR)
+        assert ask(store, FIVE_A_DAY, cost=1, at=T0 + 2 * HOUR).granted  # one more fits: 5 of 5
+        assert not ask(store, FIVE_A_DAY, cost=1, at=T0 + DAY).granted  # T0's bin is still within it
+        assert ask(store, FIVE_A_DAY, cost=2, at=T0 + DAY + HOUR).granted
+        assert not ask(store, FIVE_A_DAY, cost=1, at=T0 + DAY + HOUR).granted
+
+    def test_a_refusal_for_the_quota_counts_nothing_and_other_limits_come_after_it(self, store: QueueStore) -> None:
+        if not self._shapes(store):
+            return
+        one_a_second = Limits(rate=Rate(count=1, period=1.0), quota=Quota(count=2, period=3600.0))
+        assert ask(store, one_a_second).granted
+        assert ask(store, one_a_second, at=T0 + SECOND).granted
+        assert ask(store, one_a_second, at=T0 + 2 * SECOND).reason == "quota"
+        assert ask(store, one_a_second, at=T0 + 3 * SECOND).reason == "quota"  # no token was taken meanwhile
+        # An hour's quota is counted in bins of 150 seconds: the first leaves at 1:02:30.
+        later = T0 + timedelta(hours=1, seconds=150)
+        assert [ask(store, one_a_second, at=later).granted for _ in range(2)] == [True, False]
+
+    def test_a_message_larger_than_the_quota_goes_alone_into_an_empty_window(self, store: QueueStore) -> None:
+        if not self._shapes(store):
+            return
+        assert ask(store, FIVE_A_DAY, cost=8).granted
+        refused = ask(store, FIVE_A_DAY, cost=1, at=T0 + HOUR)
+        assert (refused.reason, refused.retry_at) == ("quota", T0 + DAY + HOUR)
+
+    def test_a_warm_up_follows_its_schedule_day_by_day(self, store: QueueStore) -> None:
+        if not self._shapes(store):
+            return
+        # Two a day for the first day, four a day for the next two, then 100.
+        warming = Limits(quota=Quota(count=100, warmup=((1, 2), (2, 4)), warmup_start=T0 - 12 * HOUR))
+        assert [ask(store, warming, at=T0).granted for _ in range(3)] == [True, True, False]
+        day_two = T0 + 12 * HOUR  # the second day of the warm-up; the first day's two still count
+        assert [ask(store, warming, at=day_two).granted for _ in range(3)] == [True, True, False]
+        # Later on the second day the first day's two have left the window, the second's not.
+        assert [ask(store, warming, at=T0 + DAY + HOUR).granted for _ in range(3)] == [True, True, False]
+        warmed = T0 + 4 * DAY
+        assert sum(ask(store, warming, at=warmed).granted for _ in range(101)) == 100
+
+    def test_states_show_a_quotas_count_and_keep_it_while_it_is_in_the_window(self, store: QueueStore) -> None:
+        if not self._shapes(store):
+            return
+        ask(store, FIVE_A_DAY, cost=3, key="quota.example")
+        states = {state.key: state for state in store.destination_states(now=T0 + 2 * HOUR)}
+        assert (states["quota.example"].quota_used, states["quota.example"].quota_period) == (3, 86400.0)
+        assert states["quota.example"].to_dict()["quota_used"] == 3
+        later = T0 + 3 * HOUR  # idle for hours, but what it counted is still in its window
+        assert store.forget_idle_destinations(before=later - HOUR, now=later) == 0
+        assert not ask(store, FIVE_A_DAY, cost=3, key="quota.example", at=later).granted
+        gone = T0 + DAY + 2 * HOUR
+        assert {s.key: s.quota_used for s in store.destination_states(now=gone)} == {"quota.example": 0}
+        assert store.forget_idle_destinations(before=gone - HOUR, now=gone) == 1
+
+    def test_a_quota_holds_under_concurrent_requests(self, store: QueueStore) -> None:
+        if not self._shapes(store):
+            return
+        granted: list[bool] = []
+        start = threading.Barrier(12)
+
+        def take() -> None:
+            start.wait()
+            try:
+                granted.append(ask(store, FIVE_A_DAY).granted)
+            finally:
+                close_connections()
+
+        threads = [threading.Thread(target=take) for _ in range(12)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert sorted(granted) == [False] * 7 + [True] * 5
+
+
+HOUR = timedelta(hours=1)
+DAY = timedelta(days=1)
+FIVE_A_DAY = Limits(quota=Quota(count=5))

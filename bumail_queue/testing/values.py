@@ -141,8 +141,10 @@ def ask(
     lease: timedelta = LEASE,
     held: int = 0,
     held_until: datetime | None = None,
+    cost: int = 1,
 ) -> Permit:
-    """Ask ``store`` for room at ``key`` at ``at``, holding ``slot`` (if given) for ``lease``."""
+    """Ask ``store`` for room at ``key`` at ``at``, holding ``slot`` (if given) for
+    ``lease``, for a message that counts ``cost`` against a quota."""
     request = PermitRequest(
         key=key,
         limits=limits,
@@ -151,6 +153,7 @@ def ask(
         slot_until=None if slot is None else at + lease,
         held=held,
         held_until=held_until,
+        cost=cost,
     )
     return store.take_permit(request)
 

@@ -174,7 +174,7 @@ class Attempts(Followers):
         # Shaped: no follower. It would go out without a permit of its own (RATE counts
         # every session, SUSPEND stops them), and a counted session ends with its slot.
         assert self.shaper is not None
-        entry = self.shaper.enter(shape)
+        entry = self.shaper.enter(shape, recipients=len(envelope.recipients))
         if isinstance(entry, Held):
             return entry
         delivery = None

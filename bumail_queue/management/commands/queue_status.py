@@ -115,7 +115,7 @@ def render_destinations(states: list[DestinationState], now: datetime) -> list[s
     """Return the shaped destinations' lines: sessions, window, suspension, items held back."""
     lines = ["", "Shaped destinations (SHAPING):"]
     if not states:
-        return [*lines, "  none has a session, a suspension or items held back."]
+        return [*lines, "  none has a session, a suspension, items held back or a quota's count."]
     for state in states:
         parts = [f"{state.sessions} session{'s' if state.sessions != 1 else ''}"]
         if state.window is not None:
@@ -127,5 +127,7 @@ def render_destinations(states: list[DestinationState], now: datetime) -> list[s
             )
         if state.held_until is not None:
             parts.append(f"{state.held} held back, due by {state.held_until:%H:%M:%S %Z}")
+        if state.quota_text is not None:
+            parts.append(f"quota {state.quota_text}")
         lines.append(f"  {state.key}: {'; '.join(parts)}")
     return lines

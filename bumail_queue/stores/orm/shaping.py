@@ -9,7 +9,8 @@ written in SQL: the decision (``ok``) is spelled out in every column it changes,
 ``granted`` keeps the id of the last request granted, which ``RETURNING`` gives back.
 
 The two databases differ only in their JSON functions (the slots are a JSON object of
-slot to lease end) and in the names of ``LEAST``/``GREATEST``.
+slot to lease end, a ``QUOTA``'s bins one of bin start to count) and in the names of
+``LEAST``/``GREATEST``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.models import ShapingBucket
+from bumail_queue.quota import QuotaAsk, fits, room_at
 from bumail_queue.shaping import (
     SLOW_START_RESET_SECONDS,
     Bucket,
@@ -117,6 +119,34 @@ class _SQL:
     def floor(self, value: str) -> str:
         return f"floor({value})" if self.postgres else f"CAST({value} AS INTEGER)"
 
+    # A QUOTA's bins: {"<bin start>": count}, as rows q(start, n).
+
+    def each_bin(self, bins: str) -> str:
+        if self.postgres:
+            return f"jsonb_each_text({bins}) AS q(bin, n)"
+        return f"json_each({bins}) AS q"
+
+    def bin_start(self) -> str:
+        return "q.bin::float8" if self.postgres else "CAST(q.key AS REAL)"
+
+    def bin_count(self) -> str:
+        return "q.n::float8" if self.postgres else "q.value"
+
+    def gathered_bins(self) -> str:
+        if self.postgres:
+            return f"coalesce(jsonb_object_agg(q.bin, {self.bin_count()}), '{{}}'::jsonb)"
+        return "json_group_object(q.key, q.value)"
+
+    def with_cost(self, bins: str) -> str:
+        """``bins`` with the request's cost added to the bin of now."""
+        if self.postgres:
+            return (
+                f"({bins} || jsonb_build_object(%(bin)s::text, "
+                f"coalesce(({bins}->>%(bin)s::text)::float8, 0) + %(cost)s::float8))"
+            )
+        path = "'$.\"' || %(bin)s || '\"'"
+        return f"json_set({bins}, {path}, coalesce(json_extract({bins}, {path}), 0) + %(cost)s)"
+
 
 def _take_sql(sql: _SQL) -> str:
     """One ``UPDATE`` that reads the row (locked on PostgreSQL), decides, and writes.
@@ -133,19 +163,25 @@ def _take_sql(sql: _SQL) -> str:
         f"ELSE {greatest}(1, {least}({p('concurrency')}, {sql.floor('w.window_size')})) END"
     )
     return (
-        f"WITH cur AS (SELECT tokens, tokens_at, window_size, slots, suspended_until, active_at "
+        f"WITH cur AS (SELECT tokens, tokens_at, window_size, slots, suspended_until, active_at, quota_bins "
         f"FROM {TABLE} WHERE key = %(key)s{lock}), "
         f"kept AS (SELECT {sql.gathered_slots()} AS slots, count(*) AS n FROM cur, {sql.each('cur.slots')} "
         f"WHERE {sql.until()} > {p('now')}), "
+        # The quota's bins still within its window, and what they count.
+        f"qb AS (SELECT {sql.gathered_bins()} AS bins, coalesce(sum({sql.bin_count()}), 0) AS used "
+        f"FROM cur, {sql.each_bin('cur.quota_bins')} "
+        f"WHERE {sql.bin_start()} + {p('width')} > {p('now')} - {p('period')}), "
         f"w AS (SELECT CASE WHEN {p('initial')} IS NULL THEN NULL "
         f"WHEN cur.window_size IS NULL OR (kept.n = 0 AND {p('now')} - cur.active_at > {p('reset')}) "
         f"THEN {p('initial')} ELSE cur.window_size END AS window_size, "
         f"CASE WHEN {p('rate')} IS NULL THEN NULL WHEN cur.tokens IS NULL THEN {p('capacity')} "
         f"ELSE {least}({p('capacity')}, cur.tokens + {greatest}(0, {p('now')} - cur.tokens_at) * {p('rate')}) END AS refill "
         "FROM cur, kept), "
-        "d AS (SELECT w.window_size, w.refill, kept.slots, "
+        "d AS (SELECT w.window_size, w.refill, kept.slots, qb.bins, "
         f"(cur.suspended_until <= {p('now')} AND (w.refill IS NULL OR w.refill >= 1) "
-        f"AND ({p('concurrency')} IS NULL OR kept.n < {limit})) AS ok FROM cur, kept, w) "
+        f"AND ({p('concurrency')} IS NULL OR kept.n < {limit}) "
+        f"AND ({p('quota')} IS NULL OR qb.used + {p('cost')} <= {p('quota')} OR qb.used <= 0)) AS ok "
+        "FROM cur, kept, w, qb) "
         f"UPDATE {TABLE} SET "
         "tokens = CASE WHEN d.refill IS NULL THEN NULL WHEN d.ok THEN d.refill - 1 ELSE d.refill END, "
         f"tokens_at = {greatest}({p('now')}, {TABLE}.tokens_at), "
@@ -156,9 +192,15 @@ def _take_sql(sql: _SQL) -> str:
         f"THEN {TABLE}.held + %(held)s ELSE %(held)s END, "
         f"held_until = CASE WHEN %(held)s = 0 THEN {TABLE}.held_until "
         f"ELSE {greatest}({TABLE}.held_until, {p('held_until')}) END, "
+        f"quota_bins = CASE WHEN {p('quota')} IS NULL THEN {TABLE}.quota_bins "
+        f"WHEN d.ok THEN {sql.with_cost('d.bins')} ELSE d.bins END, "
+        f"quota_period = coalesce({p('period')}, {TABLE}.quota_period), "
+        f"quota_until = CASE WHEN d.ok AND {p('quota')} IS NOT NULL "
+        f"THEN {greatest}({TABLE}.quota_until, {p('bin_end')}) ELSE {TABLE}.quota_until END, "
         f"granted = CASE WHEN d.ok THEN %(request)s ELSE {TABLE}.granted END "
         f"FROM d{sql.no_wait(', ')} WHERE {TABLE}.key = %(key)s "
-        f"RETURNING {TABLE}.granted, {TABLE}.tokens, {TABLE}.window_size, {TABLE}.slots, {TABLE}.suspended_until"
+        f"RETURNING {TABLE}.granted, {TABLE}.tokens, {TABLE}.window_size, {TABLE}.slots, {TABLE}.suspended_until, "
+        f"{TABLE}.quota_bins"
     )
 
 
@@ -170,8 +212,9 @@ def _ensure_sql(sql: _SQL) -> str:
     """
     return (
         f"INSERT INTO {TABLE} (key, tokens, tokens_at, window_size, slots, suspended_until, active_at, held, "
-        f"held_until, granted) VALUES (%(key)s, NULL, 0, NULL, {sql.json_param('no_slots')}, 0, {sql.p('now')}, "
-        "0, 0, '') ON CONFLICT (key) DO NOTHING"
+        f"held_until, granted, quota_bins, quota_period, quota_until) VALUES (%(key)s, NULL, 0, NULL, "
+        f"{sql.json_param('no_slots')}, 0, {sql.p('now')}, 0, 0, '', {sql.json_param('no_slots')}, 0, 0) "
+        "ON CONFLICT (key) DO NOTHING"
     )
 
 
@@ -184,8 +227,10 @@ def _release_sql(sql: _SQL) -> str:
         f"WHEN %(change)s = 'halve' THEN {greatest}(1, b.window_size / 2) ELSE b.window_size END)"
     )
     return (
-        f"INSERT INTO {TABLE} AS b (key, tokens, tokens_at, window_size, slots, suspended_until, active_at, held, held_until, granted) "
-        f"SELECT %(key)s, NULL, 0, NULL, {sql.json_param('no_slots')}, coalesce({p('suspend')}, 0), {p('now')}, 0, 0, ''"
+        f"INSERT INTO {TABLE} AS b (key, tokens, tokens_at, window_size, slots, suspended_until, active_at, held, "
+        "held_until, granted, quota_bins, quota_period, quota_until) "
+        f"SELECT %(key)s, NULL, 0, NULL, {sql.json_param('no_slots')}, coalesce({p('suspend')}, 0), {p('now')}, 0, 0, '', "
+        f"{sql.json_param('no_slots')}, 0, 0"
         f"{sql.no_wait(' FROM ') or ' WHERE true'} "
         "ON CONFLICT (key) DO UPDATE SET "
         f"slots = {sql.live_slots(without='slot')}, window_size = {window}, "
@@ -239,9 +284,10 @@ class ORMShaping:
             "held": request.held,
             "held_until": seconds(request.held_until) if request.held and request.held_until else 0.0,
             "request": uuid.uuid4().hex,
+            **_quota_params(request.quota_ask, now),
         }
         row = self._take_row(params)
-        granted, tokens, window, slots, suspended_until = row
+        granted, tokens, window, slots, suspended_until, bins = row
         live = [until for until in _slots(slots).values() if until > now]
         limit = limit_of(limits.concurrency, window)
         if granted == params["request"]:
@@ -250,6 +296,10 @@ class ORMShaping:
             return Permit(
                 granted=False, reason="suspended", retry_at=moment(suspended_until), sessions=len(live), limit=limit
             )
+        ask = request.quota_ask
+        if ask is not None and not fits(sum(_bins(bins).values()), ask):
+            retry = room_at(_bins(bins), ask, now=now)
+            return Permit(granted=False, reason="quota", retry_at=moment(retry), sessions=len(live), limit=limit)
         if rate is not None and tokens is not None and tokens < 1:
             retry = now + (1 - tokens) / rate.per_second
             return Permit(granted=False, reason="rate", retry_at=moment(retry), sessions=len(live), limit=limit)
@@ -310,10 +360,31 @@ class ORMShaping:
         with self.store.translated_errors():
             deleted, _ = (
                 ShapingBucket.objects.using(self.store.connection.alias)
-                .filter(active_at__lt=seconds(before), suspended_until__lte=at, held_until__lte=at)
+                .filter(active_at__lt=seconds(before), suspended_until__lte=at, held_until__lte=at, quota_until__lte=at)
                 .delete()
             )
         return deleted
+
+
+def _quota_params(ask: QuotaAsk | None, now: float) -> dict[str, Any]:
+    """The statement's quota parameters: all ``None`` without a quota in force."""
+    if ask is None:
+        return dict.fromkeys(("quota", "period", "width", "cost", "bin", "bin_end"))
+    start = ask.bin_at(now)
+    return {
+        "quota": ask.allowed,
+        "period": ask.period,
+        "width": ask.width,
+        "cost": ask.cost,
+        "bin": str(int(start)),
+        "bin_end": start + ask.width + ask.period,
+    }
+
+
+def _bins(raw: Any) -> dict[float, float]:
+    """A quota's bins as the driver returns them: a dict (psycopg) or JSON text (SQLite)."""
+    found = json.loads(raw) if isinstance(raw, str | bytes) else raw
+    return {float(start): float(count) for start, count in (found or {}).items()}
 
 
 def _slots(raw: Any) -> dict[str, float]:
@@ -332,4 +403,6 @@ def _bucket_of(row: ShapingBucket) -> Bucket:
         active_at=row.active_at,
         held=row.held,
         held_until=row.held_until,
+        quota_bins=_bins(row.quota_bins),
+        quota_period=row.quota_period,
     )

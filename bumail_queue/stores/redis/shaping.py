@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import cast
 
+from bumail_queue.quota import QuotaAsk
 from bumail_queue.shaping import (
     SLOW_START_RESET_SECONDS,
     Bucket,
@@ -54,6 +55,7 @@ class RedisShaping(RedisConnection):
             str(request.held),
             _number(seconds(request.held_until or request.now)),
             str(BUCKET_KEPT_SECONDS),
+            *_quota_args(request.quota_ask, seconds(request.now)),
         ]
         granted, reason, retry, sessions, limit = self._run(
             scripts.SHAPING_TAKE, "ask for room at a destination", [self.keys.shaping], args
@@ -110,11 +112,12 @@ class RedisShaping(RedisConnection):
             for key in keys:
                 pipe.hgetall(self.keys.bucket(key))
                 pipe.zrangebyscore(f"{self.keys.bucket(key)}:slots", f"({at}", "+inf", withscores=True)
+                pipe.hgetall(f"{self.keys.bucket(key)}:quota")
             replies = pipe.execute()
         states = []
-        for key, fields, slots in zip(keys, replies[::2], replies[1::2], strict=True):
+        for key, fields, slots, bins in zip(keys, replies[::3], replies[1::3], replies[2::3], strict=True):
             if fields:
-                states.append(_bucket_from(hash_fields(fields), slots).state(key, now))
+                states.append(_bucket_from(hash_fields(fields), slots, hash_fields(bins)).state(key, now))
         return states
 
     def forget_idle_destinations(self, *, before: datetime, now: datetime) -> int:
@@ -127,7 +130,18 @@ def _number(value: float) -> str:
     return repr(float(value))
 
 
-def _bucket_from(fields: Mapping[bytes, bytes], slots: Sequence[tuple[bytes, float]]) -> Bucket:
+def _quota_args(ask: QuotaAsk | None, now: float) -> list[str | bytes | int]:
+    """The take script's last arguments: the quota in force, its period, the bin width,
+    the request's cost and the bin of now (empty strings without a quota in force)."""
+    if ask is None:
+        return ["", "", "", "", ""]
+    start = ask.bin_at(now)
+    return [str(ask.allowed), _number(ask.period), _number(ask.width), str(ask.cost), str(int(start))]
+
+
+def _bucket_from(
+    fields: Mapping[bytes, bytes], slots: Sequence[tuple[bytes, float]], bins: Mapping[bytes, bytes]
+) -> Bucket:
     def number(name: bytes) -> float | None:
         raw = fields.get(name)
         return None if raw is None else float(raw)
@@ -141,4 +155,6 @@ def _bucket_from(fields: Mapping[bytes, bytes], slots: Sequence[tuple[bytes, flo
         active_at=number(b"active_at") or 0.0,
         held=int(number(b"held") or 0),
         held_until=number(b"held_until") or 0.0,
+        quota_bins={float(start): float(count) for start, count in bins.items()},
+        quota_period=number(b"quota_period") or 0.0,
     )

@@ -12,9 +12,10 @@ local slots = bucket .. ':slots'
 local now = tonumber(ARGV[4])
 redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
 if ARGV[3] ~= '' then redis.call('ZREM', slots, ARGV[3]) end
-local f = redis.call('HMGET', bucket, 'window', 'suspended_until', 'active_at', 'held_until')
+local f = redis.call('HMGET', bucket, 'window', 'suspended_until', 'active_at', 'held_until', 'quota_until')
 local window, suspended_until = tonumber(f[1]), tonumber(f[2]) or 0
 local active_at, held_until = tonumber(f[3]) or 0, tonumber(f[4]) or 0
+local quota_until = tonumber(f[5]) or 0
 local concurrency = tonumber(ARGV[6])
 if window ~= nil then
     if ARGV[5] == 'grow' then
@@ -30,11 +31,12 @@ if suspend ~= nil then suspended_until = math.max(suspended_until, suspend) end
 redis.call('HSET', bucket, 'suspended_until', string.format('%.6f', suspended_until),
     'active_at', string.format('%.6f', math.max(active_at, now)))
 
-local last = math.max(now, suspended_until, held_until)
+local last = math.max(now, suspended_until, held_until, quota_until)
 local newest = redis.call('ZRANGE', slots, -1, -1, 'WITHSCORES')
 if newest[2] then last = math.max(last, tonumber(newest[2])) end
 local keep = math.ceil(last - now + tonumber(ARGV[8]))
 redis.call('EXPIRE', bucket, keep)
 redis.call('EXPIRE', slots, keep)
+redis.call('EXPIRE', bucket .. ':quota', keep)
 redis.call('ZADD', KEYS[1], last + tonumber(ARGV[8]), ARGV[2])
 return 1
