@@ -2,11 +2,13 @@
 
 The database comes from ``BENCH_DATABASE_URL`` (any URL dj-database-url reads); without
 it, a SQLite file in the system's temporary directory. ``bench/run.py`` sets the
-variable for each database it measures.
+variable for each database it measures. ``BENCH_QUEUE_JSON``, a JSON object, is merged
+into ``BUMAIL_QUEUE`` last (``bench/esp_drain.py`` gives its ``ROUTE`` so).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -49,4 +51,8 @@ if os.environ.get("BENCH_REDIS_URL"):
         "queue": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": os.environ["BENCH_REDIS_URL"]},
     }
     BUMAIL_QUEUE = {**BUMAIL_QUEUE, "STORE": "redis", "REDIS_CONNECTION": "queue", "REDIS_KEY_PREFIX": "bumail:bench:"}
+# bench/esp_drain.py runs `python -m django queue_worker` in a process of its own, which
+# override_settings cannot reach: the settings it needs (a backend route) come this way.
+if os.environ.get("BENCH_QUEUE_JSON"):
+    BUMAIL_QUEUE = {**BUMAIL_QUEUE, **json.loads(os.environ["BENCH_QUEUE_JSON"])}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

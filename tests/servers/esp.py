@@ -121,6 +121,9 @@ class PostmarkServer:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # An answer's headers and body go in two sends: with Nagle's algorithm the
+            # body would wait for the client's delayed ACK (40 ms) on a kept connection.
+            disable_nagle_algorithm = True
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)

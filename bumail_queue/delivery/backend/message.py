@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import email
 import email.policy
+import functools
 import re
 from collections.abc import Sequence
 from email import encoders
@@ -29,9 +30,34 @@ from bumail_queue.addresses import normal_address
 # Header fields an EmailMessage writes from its own fields; every other one is kept
 # as an extra header (Message-ID, Date, List-Unsubscribe, In-Reply-To, X-*...).
 _LINE_ENDS = re.compile(rb"\r\n|\r|\n")
+_FOLDS = re.compile(r"\r?\n(?=[ \t])")
 _FROM_FIELDS = frozenset(
     {"from", "to", "cc", "bcc", "reply-to", "subject", "mime-version", "content-type", "content-transfer-encoding"}
 )
+
+
+@functools.lru_cache(maxsize=512)
+def _parsed_header(name: str, value: str) -> Any:
+    return email.policy.default.header_fetch_parse(name, value)
+
+
+class _ReadingPolicy(email.policy.EmailPolicy):
+    """``email.policy.default``, each header field parsed once.
+
+    The default policy parses a field again at every read, and reading a message
+    back reads its ``Content-Type`` a dozen times (finding the body, its charset, the
+    attachments) and each address field twice: half the worker's time on a backend
+    route went there. A parsed field depends on its name and text alone, so one
+    parse serves every read; the fields are immutable values, shared safely.
+    """
+
+    def header_fetch_parse(self, name: str, value: str) -> Any:
+        if hasattr(value, "name"):  # already a parsed field (one the program set)
+            return value
+        return _parsed_header(name, value)
+
+
+_READING = _ReadingPolicy()
 
 
 class QueuedMessage(EmailMultiAlternatives):
@@ -45,7 +71,7 @@ class QueuedMessage(EmailMultiAlternatives):
     """
 
     def __init__(self, raw: bytes, *, sender: str, recipients: Sequence[str]) -> None:
-        parsed = email.message_from_bytes(raw, _class=MIMEMessage, policy=email.policy.default)
+        parsed = email.message_from_bytes(raw, _class=MIMEMessage, policy=_READING)
         wanted = {normal_address(r): r for r in recipients}
         to = _listed(parsed, "To", wanted)
         cc = _listed(parsed, "Cc", wanted)
@@ -59,7 +85,7 @@ class QueuedMessage(EmailMultiAlternatives):
             cc=[shown for _, shown in cc],
             bcc=bcc,
             reply_to=[str(a) for a in _addresses(parsed, "Reply-To")],
-            headers={name: str(value) for name, value in parsed.items() if name.lower() not in _FROM_FIELDS},
+            headers=_extra_headers(parsed),
         )
         html = _text_of(parsed, "html")
         if html is not None:
@@ -107,6 +133,30 @@ class _Queued:
 
     def __getitem__(self, name: str) -> Any:
         return self._parsed[name]
+
+
+def _extra_headers(parsed: MIMEMessage) -> dict[str, str]:
+    """The header fields an ``EmailMessage`` does not write from its own fields, as text.
+
+    A field of plain ASCII text (Date, Message-ID, most X- fields) is taken as written,
+    unfolded: parsing it would give the same text at many times the cost. One with
+    encoded words or raw 8-bit text is parsed, which decodes it.
+    """
+    extra = {}
+    for name, raw in parsed.raw_items():
+        if name.lower() in _FROM_FIELDS:
+            continue
+        text = str(raw)
+        extra[name] = str(parsed.policy.header_fetch_parse(name, text)) if _needs_decoding(text) else _unfold(text)
+    return extra
+
+
+def _needs_decoding(text: str) -> bool:
+    return "=?" in text or not text.isascii()
+
+
+def _unfold(text: str) -> str:
+    return _FOLDS.sub("", text).strip()
 
 
 def _mime_base(part: MIMEPart) -> MIMEBase:
