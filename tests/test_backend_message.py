@@ -41,3 +41,35 @@ def test_extra_header_fields_come_back_unfolded_and_decoded():
     assert headers["List-Unsubscribe"] == "<https://e.x/u>"
     assert headers["Message-ID"].startswith("<") and "Date" in headers
     assert not {"Subject", "From", "To", "Cc", "Content-Type", "MIME-Version"} & set(headers)
+
+
+def raw_message(headers: str) -> bytes:
+    return (headers.strip().replace("\n", "\r\n") + "\r\nContent-Type: text/plain\r\n\r\nBody\r\n").encode()
+
+
+def test_addresses_come_back_with_their_display_names_however_written():
+    raw = raw_message(
+        """
+From: =?utf-8?q?J=C3=B6rg?= <app@example.com>
+To: "Doe, Ann" <ann@example.org>, bob@example.org,
+ =?utf-8?b?R3LDvMOfZQ==?= <cy@example.org>
+Cc: team: dee@example.org, eve@example.org;
+Reply-To: Help Desk <help@example.com>
+Subject: =?utf-8?q?Gr=C3=BC=C3=9Fe?=
+"""
+    )
+    everyone = ["ann@example.org", "bob@example.org", "cy@example.org", "dee@example.org", "eve@example.org"]
+    message = QueuedMessage(raw, sender="app@example.com", recipients=everyone)
+    assert message.to == ['"Doe, Ann" <ann@example.org>', "bob@example.org", "Grüße <cy@example.org>"]
+    assert message.cc == ["dee@example.org", "eve@example.org"]  # a group's members
+    assert message.bcc == []
+    assert (message.from_email, message.subject) == ("Jörg <app@example.com>", "Grüße")
+    assert message.reply_to == ["Help Desk <help@example.com>"]
+    assert not hasattr(message, "envelope_sender")  # the sender is the From address
+
+
+def test_a_recipient_not_in_to_or_cc_goes_as_bcc_and_a_return_path_as_the_envelope_sender():
+    raw = raw_message("From: app@example.com\nTo: ann@example.org\nSubject: hi")
+    message = QueuedMessage(raw, sender="bounces@example.com", recipients=["ann@example.org", "hidden@example.org"])
+    assert (message.to, message.bcc) == (["ann@example.org"], ["hidden@example.org"])
+    assert message.envelope_sender == "bounces@example.com"

@@ -20,7 +20,8 @@ from email.headerregistry import AddressHeader
 from email.message import EmailMessage as MIMEMessage
 from email.message import MIMEPart
 from email.mime.base import MIMEBase
-from typing import Any
+from email.utils import formataddr, getaddresses
+from typing import Any, cast
 
 import django
 from django.core.mail import EmailMultiAlternatives
@@ -71,21 +72,22 @@ class QueuedMessage(EmailMultiAlternatives):
     """
 
     def __init__(self, raw: bytes, *, sender: str, recipients: Sequence[str]) -> None:
-        parsed = email.message_from_bytes(raw, _class=MIMEMessage, policy=_READING)
+        parsed = cast(MIMEMessage, email.message_from_bytes(raw, _class=MIMEMessage, policy=_READING))
+        fields = _Fields(parsed)
         wanted = {normal_address(r): r for r in recipients}
-        to = _listed(parsed, "To", wanted)
-        cc = _listed(parsed, "Cc", wanted)
+        to = _listed(fields.addresses("To"), wanted)
+        cc = _listed(fields.addresses("Cc"), wanted)
         listed = {key for key, _ in (*to, *cc)}
         bcc = [r for key, r in wanted.items() if key not in listed]
         super().__init__(
-            subject=str(parsed.get("Subject", "")),
+            subject=fields.text("Subject"),
             body=_text_of(parsed, "plain") or "",
-            from_email=str(parsed.get("From", sender)),
+            from_email=fields.text("From", sender),
             to=[shown for _, shown in to],
             cc=[shown for _, shown in cc],
             bcc=bcc,
-            reply_to=[str(a) for a in _addresses(parsed, "Reply-To")],
-            headers=_extra_headers(parsed),
+            reply_to=[shown for _, shown in fields.addresses("Reply-To")],
+            headers={name: fields.text(name) for name in fields.others()},
         )
         html = _text_of(parsed, "html")
         if html is not None:
@@ -94,7 +96,7 @@ class QueuedMessage(EmailMultiAlternatives):
             self._attach_part(part)
         # Only where it differs from From: several ESPs take no other (anymail then
         # refuses the message as asking a feature they lack).
-        if sender and normal_address(sender) not in {normal_address(a.addr_spec) for a in _addresses(parsed, "From")}:
+        if sender and normal_address(sender) not in {normal_address(a) for a, _ in fields.addresses("From")}:
             self.envelope_sender = sender
         self._queued = _Queued(raw, parsed)
 
@@ -135,20 +137,47 @@ class _Queued:
         return self._parsed[name]
 
 
-def _extra_headers(parsed: MIMEMessage) -> dict[str, str]:
-    """The header fields an ``EmailMessage`` does not write from its own fields, as text.
+class _Fields:
+    """The message's header fields as text, each parsed only where its text needs it.
 
-    A field of plain ASCII text (Date, Message-ID, most X- fields) is taken as written,
-    unfolded: parsing it would give the same text at many times the cost. One with
-    encoded words or raw 8-bit text is parsed, which decodes it.
+    A field of plain ASCII (most Subjects, Date, Message-ID, ``Name <a@example.com>``)
+    is taken as written, unfolded, and an address list split with
+    ``email.utils.getaddresses``: parsing them with the header registry would give the
+    same text at many times the cost, and an address field was most of a message's.
+    A field with encoded words or raw 8-bit text, or an address list with a group or a
+    comment, is parsed, which decodes it. The first of a repeated field counts.
     """
-    extra = {}
-    for name, raw in parsed.raw_items():
-        if name.lower() in _FROM_FIELDS:
-            continue
-        text = str(raw)
-        extra[name] = str(parsed.policy.header_fetch_parse(name, text)) if _needs_decoding(text) else _unfold(text)
-    return extra
+
+    def __init__(self, parsed: MIMEMessage) -> None:
+        self._parsed = parsed
+        self._raw: dict[str, tuple[str, str]] = {}
+        for name, value in parsed.raw_items():
+            self._raw.setdefault(name.lower(), (name, str(value)))
+
+    def text(self, name: str, default: str = "") -> str:
+        found = self._raw.get(name.lower())
+        if found is None:
+            return default
+        written, raw = found
+        return str(self._parsed.policy.header_fetch_parse(written, raw)) if _needs_decoding(raw) else _unfold(raw)
+
+    def addresses(self, name: str) -> list[tuple[str, str]]:
+        """Each address of field ``name``: its address proper, and as written (with its
+        display name)."""
+        found = self._raw.get(name.lower())
+        if found is None:
+            return []
+        written, raw = found
+        if _needs_decoding(raw) or any(c in raw for c in ":;()"):
+            header = self._parsed.policy.header_fetch_parse(written, raw)
+            if not isinstance(header, AddressHeader):
+                return []
+            return [(a.addr_spec, str(a)) for a in header.addresses if a.addr_spec]
+        return [(addr, formataddr((display, addr))) for display, addr in getaddresses([_unfold(raw)]) if addr]
+
+    def others(self) -> list[str]:
+        """The fields an ``EmailMessage`` does not write from its own fields."""
+        return [written for key, (written, _) in self._raw.items() if key not in _FROM_FIELDS]
 
 
 def _needs_decoding(text: str) -> bool:
@@ -169,21 +198,14 @@ def _mime_base(part: MIMEPart) -> MIMEBase:
     return copy
 
 
-def _addresses(parsed: MIMEMessage, name: str) -> list[Any]:
-    header = parsed.get(name)
-    if header is None or not isinstance(header, AddressHeader):
-        return []
-    return list(header.addresses)
-
-
-def _listed(parsed: MIMEMessage, name: str, wanted: dict[str, str]) -> list[tuple[str, str]]:
-    """The addresses of header ``name`` that are among the recipients: each one's normal
-    form, and the address as written there (with its display name)."""
+def _listed(addresses: list[tuple[str, str]], wanted: dict[str, str]) -> list[tuple[str, str]]:
+    """Those of ``addresses`` that are among the recipients: each one's normal form, and
+    the address as written (with its display name)."""
     found = []
-    for address in _addresses(parsed, name):
-        key = normal_address(address.addr_spec) if address.addr_spec else ""
+    for address, shown in addresses:
+        key = normal_address(address)
         if key in wanted:
-            found.append((key, str(address)))
+            found.append((key, shown))
     return found
 
 
