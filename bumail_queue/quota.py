@@ -82,6 +82,25 @@ class Quota:
             day -= days
         return self.count
 
+    def next_rise(self, now: datetime) -> datetime | None:
+        """When the quota in force next rises (a warm-up's next step, or its end), if it does.
+
+        Mail held for the quota is due again then at the latest: the room a day's
+        higher quota makes comes at its start, not when the day before's sends leave
+        the window.
+        """
+        if not self.warmup or self.warmup_start is None:
+            return None
+        current = self.allowed_at(now)
+        boundary = self.warmup_start
+        for days, _ in self.warmup:
+            boundary += timedelta(days=days)
+            if boundary > now:
+                later = self.allowed_at(boundary)
+                if later is None or (current is not None and later > current):
+                    return boundary
+        return None
+
     def cost(self, recipients: int) -> int:
         """What a message to ``recipients`` of the destination counts against the quota."""
         return max(1, recipients) if self.counts_recipients else 1

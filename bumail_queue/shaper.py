@@ -171,6 +171,9 @@ class Shaper:
             return Ticket(shape=shape, slot=slot, started=time.monotonic())
         pace = self._pace(shape, permit.limit, now=now, reason=permit.reason)
         until = permit.retry_at if permit.retry_at is not None else now + max(pace, SHORTEST_HOLD)
+        rise = limits.quota.next_rise(now) if permit.reason == "quota" and limits.quota else None
+        if rise is not None and rise < until:
+            until = rise  # a warm-up's next step makes room sooner than the window's move
         return self._hold(key, until, pace, permit.reason or "concurrency")
 
     def _pace(self, shape: Shape, limit: int | None, *, now: datetime, reason: str | None = None) -> timedelta:

@@ -277,7 +277,7 @@ class DestinationState:
     one; ``suspended_until``: set while suspended; ``held``: items held back since
     the destination last had none waiting, the last one due at ``held_until``;
     ``quota_used``: what its ``QUOTA`` counted in the rolling window of
-    ``quota_period`` seconds (``None`` when it has no quota's count); ``quota``: the
+    ``quota_period`` seconds (``None`` when it has no quota's count yet); ``quota``: the
     quota in force now, from the settings (``with_quota``), and ``quota_counts`` what it
     counts (``"recipients"`` or ``"messages"``).
     """

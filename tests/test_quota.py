@@ -84,6 +84,14 @@ def test_the_warm_up_gives_each_day_its_steps_quota_then_the_full_quota():
     assert Quota(count=None, warmup=((1, 10),), warmup_start=START).allowed_at(START + 2 * DAY) is None
 
 
+def test_the_quota_next_rises_at_the_start_of_a_higher_step():
+    quota = Quota(count=1000, warmup=((2, 50), (3, 200), (1, 200)), warmup_start=START)
+    assert quota.next_rise(START + timedelta(hours=5)) == START + 2 * DAY
+    assert quota.next_rise(START + 3 * DAY) == START + 6 * DAY  # the step of the same quota is no rise
+    assert quota.next_rise(START + 7 * DAY) is None  # warmed up
+    assert Quota(count=50).next_rise(START) is None
+
+
 # -- what a worker sends, day by day ----------------------------------------------------------
 
 
@@ -111,9 +119,12 @@ def test_a_worker_keeps_to_the_warm_up_day_by_day(store):
         # Nothing more that day, whenever a worker looks.
         deliver(service, day_one + timedelta(hours=10), transport)
         assert len(delivered_to(transport)) == 2
-        # The second day allows four in its 24 hours, once the first day's two have left
-        # them (at 10:00); the items held come back from then, a bin's length over the
-        # quota apart (half an hour), all due by 14:00.
+        # The second day allows four in any 24 hours: the items held come back at its
+        # start, half an hour apart (a bin's length over the quota), and two more fit
+        # beside the first day's two, which still count until 10:00.
+        deliver(service, day_one + DAY - timedelta(hours=8), transport)  # 01:00
+        assert len(delivered_to(transport)) == 2 + 2
+        # Once the first day's two have left the window, two more; all are due by 14:00.
         deliver(service, day_one + DAY + timedelta(hours=5), transport)
         assert len(delivered_to(transport)) == 2 + 4
         deliver(service, day_one + DAY + timedelta(hours=14), transport)
