@@ -16,6 +16,9 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "REDIS_KEY_PREFIX": "bumail:queue:",
     "HOSTNAME": None,  # socket.getfqdn() when read
     "ROUTE": {"TYPE": "mx"},
+    # VERP: "bounces+{token}@example.com" gives each recipient an envelope sender of
+    # its own, naming its item and recipient (docs/feedback.md); None: the item's sender.
+    "RETURN_PATH": None,
     "ROUTES": {},
     # Per channel: {"newsletter": <route>}, for all of a channel's mail but the domains
     # ROUTES names.

@@ -11,6 +11,8 @@ from typing import Any
 
 from django.conf import settings as django_settings
 
+from bumail_queue import verp
+from bumail_queue.addresses import mailbox_problem
 from bumail_queue.errors import QueueConfigurationError, QueueError
 from bumail_queue.items import check_priority
 
@@ -46,6 +48,7 @@ def validate(raw: Any) -> list[Problem]:
     _check_retries(check, raw)
     _check_sessions(check, raw)
     _check_reports(check, raw)
+    _check_return_path(check, raw)
     for problem in task_problems(raw.get("TASKS")):
         check.add("bumail_queue.E025", "TASKS", f"BUMAIL_QUEUE['TASKS'] {problem}.")
     check_metrics(check, raw)
@@ -229,6 +232,38 @@ def _check_reports(check: Validator, raw: Mapping[str, Any]) -> None:
         check.duration(raw, "DELIVERY_LOG_RETENTION", "bumail_queue.E020")
 
 
+def _check_return_path(check: Validator, raw: Mapping[str, Any]) -> None:
+    """``RETURN_PATH``: an address with ``{token}`` once in its local part, short enough
+    for RFC 5321 with the token in it."""
+    template = raw.get("RETURN_PATH")
+    if template is None:
+        return
+    example = "'bounces+{token}@example.com'"
+    if not isinstance(template, str) or template.count(verp.PLACEHOLDER) != 1:
+        check.add(
+            "bumail_queue.E032",
+            "RETURN_PATH",
+            f"BUMAIL_QUEUE['RETURN_PATH'] must be an address with {{token}} once in its local part, such as {example}; got {template!r}.",
+        )
+        return
+    local, _, domain = template.rpartition("@")
+    problem = mailbox_problem(template.replace(verp.PLACEHOLDER, "token"))
+    if verp.PLACEHOLDER not in local or problem or not HOSTNAME.fullmatch(domain):
+        check.add(
+            "bumail_queue.E032",
+            "RETURN_PATH",
+            f"BUMAIL_QUEUE['RETURN_PATH'] must be an address with {{token}} in its local part, such as {example}; "
+            f"{template!r} is not ({problem or 'the token must be before the @, the domain a host name'}).",
+        )
+    elif verp.local_part_length(template) > verp.LOCAL_PART_LIMIT:
+        check.add(
+            "bumail_queue.E032",
+            "RETURN_PATH",
+            f"BUMAIL_QUEUE['RETURN_PATH']'s local part would be {verp.local_part_length(template)} octets with its "
+            f"token (43 characters); RFC 5321 allows {verp.LOCAL_PART_LIMIT}: shorten {local!r}.",
+        )
+
+
 def load(raw: Any) -> QueueSettings:
     """Validate a raw ``BUMAIL_QUEUE`` and return it typed; raise on any problem."""
     problems = validate(raw)
@@ -289,4 +324,5 @@ def load(raw: Any) -> QueueSettings:
         else as_timedelta(values["SUPPRESSION_EXPIRY_WINDOW"]),
         suppression_dsn=values["SUPPRESSION_DSN"],
         shaping=shaping_from(values["SHAPING"]),
+        return_path=values["RETURN_PATH"],
     )

@@ -75,6 +75,7 @@ class QueueSettings:
     suppression_duration: timedelta
     suppression_expiry_window: timedelta | None
     suppression_dsn: bool
+    return_path: str | None = None  # RETURN_PATH, with its {token}
     tasks: TaskSettings | None = None
     metrics_domains: frozenset[str] = frozenset()
     metrics_token: str | None = dataclasses.field(default=None, repr=False)

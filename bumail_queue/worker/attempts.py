@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -79,20 +79,23 @@ class Attempts(Followers):
         not_before: datetime | None = None
         message_ids: dict[str, str] = {}
         pending = [r.address for r in item.pending_recipients if r.address not in suppressed]
-        groups = list(group_by_destination(pending, self.settings, item.channel).items())
-        for index, (destination, addresses) in enumerate(groups):
-            envelope = Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message)
-            delivery = self._deliver_to(
-                destination,
-                envelope,
-                path=follower.path if follower is not None else None,
-                # Only the last destination's session may pass to a follower.
-                handoff=handoff if index == len(groups) - 1 else None,
+        sends = list(self._sends(item, pending, message, path=follower.path if follower is not None else None))
+        for index, (destination, envelope, path) in enumerate(sends):
+            delivery = (
+                path
+                if isinstance(path, Delivery)
+                else self._deliver_to(
+                    destination,
+                    envelope,
+                    path=path,
+                    # Only the last transaction's session may pass to a follower.
+                    handoff=handoff if index == len(sends) - 1 else None,
+                )
             )
             if isinstance(delivery, Held):
                 held.append(delivery)  # its recipients keep their state, not attempted
                 continue
-            for address in addresses:
+            for address in envelope.recipients:
                 outcomes[address] = delivery.outcomes[address]
                 remote_hosts[address] = delivery.remote_host
                 tls[address] = delivery.tls
@@ -116,6 +119,31 @@ class Attempts(Followers):
             not_before=not_before,
             message_ids=message_ids,
         )
+
+    def _sends(
+        self, item: QueueItem, pending: Sequence[str], message: bytes, *, path: Path | None
+    ) -> Iterator[tuple[Destination, Envelope, Path | Delivery | None]]:
+        """The transactions of an attempt: one per destination, each with its path if
+        known (``None``: looked up when it is sent).
+
+        With ``RETURN_PATH`` (VERP), a recipient of an SMTP route gets a transaction of
+        its own, from an envelope sender naming it: its destination's route and hosts
+        are looked up once for all of them, and a lookup that decides them (a DNS
+        failure) stands for each.
+        """
+        for destination, addresses in group_by_destination(pending, self.settings, item.channel).items():
+            whole = Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message)
+            senders = self._verp_senders(item, destination, addresses)
+            if senders is None:
+                yield destination, whole, path
+                continue
+            found = path if path is not None else self._path_to(destination, whole)
+            if isinstance(found, Delivery):
+                yield destination, whole, found
+                continue
+            for address in addresses:
+                one = Envelope(item_id=item.id, sender=senders[address], recipients=(address,), message=message)
+                yield destination, one, found
 
     def _held_attempt(
         self,

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import cast
 
+from bumail_queue import verp
 from bumail_queue.delivery.envelope import (
     Envelope,
     FollowingTransport,
 )
 from bumail_queue.delivery.routes import Destination, group_by_destination
+from bumail_queue.items import QueueItem
 
 from .base import WorkerBase
 from .sessions import SLOW_SESSION_MESSAGE_LIMIT, Follower, Handoff, Path, Session, takes_follow
@@ -44,6 +47,9 @@ class Followers(WorkerBase):
                 addresses = [r.address for r in item.pending_recipients if r.address not in suppressed]
                 if list(group_by_destination(addresses, self.settings, item.channel)) != [destination]:
                     continue  # the same smarthost host and port, another route (user, TLS)
+                senders = self._verp_senders(item, destination, addresses)
+                if senders is not None and len(addresses) != 1:
+                    continue  # VERP: a transaction a recipient, of which only the first could follow
                 del self._waiting[index]
                 del self._prefetched[item.id]
                 self._in_flight[item.id] = item
@@ -52,8 +58,23 @@ class Followers(WorkerBase):
                 )
                 handoff.follower = Follower(item=item, keys=keys, path=path, message=message)
                 self._wake_loop_if_needed()  # a follower leaves fewer waiting: claim again in time
-                return Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message)
+                sender = item.sender if senders is None else senders[addresses[0]]
+                return Envelope(item_id=item.id, sender=sender, recipients=tuple(addresses), message=message)
         return None
+
+    def _verp_senders(
+        self, item: QueueItem, destination: Destination, addresses: Sequence[str]
+    ) -> dict[str, str] | None:
+        """Each recipient's VERP envelope sender (``RETURN_PATH``), or ``None`` when the
+        item keeps its own: no ``RETURN_PATH``, a DSN (the null sender), or a backend
+        route (an ESP reports bounces by its events, and most take no envelope sender)."""
+        template = self.settings.return_path
+        if template is None or item.sender in ("", "<>") or destination.route.type == "backend":
+            return None
+        senders = {address: verp.return_path(template, item.id, address) for address in addresses}
+        if any(sender is None for sender in senders.values()):
+            return None  # an item id that is no UUID: the token would not fit
+        return cast(dict[str, str], senders)
 
     def _following(self) -> FollowingTransport | None:
         """``transport``, if it can begin the next item's transaction with a message's
