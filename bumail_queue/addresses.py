@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
+import string
 import unicodedata
 
 from .errors import ErrorCode, QueueError
@@ -245,3 +246,12 @@ def domain_of(address: str) -> str:
     (RFC 1034 §3.1), as an operator may type it in a filter.
     """
     return address.rpartition("@")[2].rstrip(".").lower()
+
+
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def ascii_lower(text: str) -> str:
+    """Return ``text`` with its ASCII letters lowercase, and nothing else changed: the
+    case rule every store can apply in its own query (SQLite's ``lower()``, Lua's)."""
+    return text.translate(_ASCII_LOWER)

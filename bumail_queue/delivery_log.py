@@ -277,9 +277,15 @@ def _on_cancelled(*, item: QueueItem, recipients: Iterable[str], **kwargs: Any) 
     record_cancelled(item, recipients)
 
 
+def _on_bounced(*, item_id: str | None, recipient: str, reply: Reply, **kwargs: Any) -> None:
+    if item_id is not None:  # an entry belongs to an item: a bounce no return path names has none
+        record(item_id=item_id, recipient=recipient, status=Status.BOUNCED, reply=reply)
+
+
 def connect() -> None:
     """Connect the log's receivers (``AppConfig.ready``); connecting twice is harmless."""
     signals.delivered.connect(_on_delivered, dispatch_uid="bumail_queue.delivery_log.delivered")
     signals.deferred.connect(_on_deferred, dispatch_uid="bumail_queue.delivery_log.deferred")
     signals.failed.connect(_on_failed, dispatch_uid="bumail_queue.delivery_log.failed")
     signals.cancelled.connect(_on_cancelled, dispatch_uid="bumail_queue.delivery_log.cancelled")
+    signals.bounced.connect(_on_bounced, dispatch_uid="bumail_queue.delivery_log.bounced")

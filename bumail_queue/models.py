@@ -134,6 +134,7 @@ class DeliveryLog(models.Model):
         FAILED = "failed", _("failed")
         EXPIRED = "expired", _("expired")
         CANCELLED = "cancelled", _("cancelled")
+        BOUNCED = "bounced", _("bounced")
 
     id = models.BigAutoField(primary_key=True)
     logged_at = models.DateTimeField(_("logged at"))
@@ -273,6 +274,8 @@ class Suppression(models.Model):
         FAILED = "failed", _("failed: no such mailbox or domain")
         EXPIRED = "expired", _("delivery time expired twice")
         MANUAL = "manual", _("added by an operator")
+        BOUNCED = "bounced", _("bounced after it was handed on")
+        COMPLAINED = "complained", _("reported as spam")
 
     # The local part as written, the domain in lowercase A-labels (addresses.normal_address).
     address = models.CharField(_("address"), max_length=320, primary_key=True)
@@ -333,3 +336,26 @@ class ShapingBucket(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class ReturnedMail(models.Model):
+    """Mail that came back (``queue_inbound``) and that no parser could read: kept for a
+    person, never dropped. See ``docs/feedback.md``."""
+
+    id = models.BigAutoField(primary_key=True)
+    received_at = models.DateTimeField(_("received at"))
+    # The envelope recipients it came to (a RETURN_PATH or a FEEDBACK_ADDRESSES address).
+    recipients = models.TextField(_("sent to"), blank=True)
+    sender = models.TextField(_("from"), blank=True)
+    subject = models.TextField(_("subject"), blank=True)
+    message = models.BinaryField(_("message"))
+
+    class Meta:
+        db_table = "bumail_queue_returned_mail"
+        verbose_name = _("unread returned mail")
+        verbose_name_plural = _("unread returned mail")
+        ordering = ("-received_at", "-id")
+        indexes = (models.Index(fields=("received_at",), name="bumail_queue_returned_at"),)
+
+    def __str__(self) -> str:
+        return f"{self.received_at:%Y-%m-%d %H:%M} {self.subject or '(no subject)'}"

@@ -30,6 +30,13 @@ error = Signal()
 #: An item was cancelled (``queue.cancel``, the admin), no DSN sent. kwargs: ``item_id``,
 #: ``item`` (the ``QueueItem`` as it stood), ``recipients`` (the addresses not final yet).
 cancelled = Signal()
+#: Mail handed on came back as a permanent failure (a bounce read by ``queue_inbound``).
+#: kwargs: ``item_id`` (``None`` when nothing says which), ``recipient``, ``reply``, ``source``
+#: (``"rfc3464"``, ``"flufl.bounce"``).
+bounced = Signal()
+#: A recipient reported mail as spam (an RFC 5965 report). kwargs: ``item_id`` (or ``None``),
+#: ``recipient``, ``feedback_type`` (``"abuse"``, ``"fraud"``...).
+complained = Signal()
 
 
 def send(signal: Signal, **kwargs: Any) -> None:

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import string
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from .addresses import normal_address, normal_domain
+from .addresses import ascii_lower, normal_address, normal_domain
 from .items import Outcome, RecipientStatus, Reply, reply_line
 
 __all__ = [
@@ -93,6 +92,10 @@ class SuppressionReason(enum.StrEnum):
     """Its delivery time expired (``MAX_AGE``) twice within ``SUPPRESSION_EXPIRY_WINDOW``."""
     MANUAL = "manual"
     """An operator added it (the admin, ``manage.py queue_suppression add``)."""
+    BOUNCED = "bounced"
+    """A report that came back after the mail was handed on said it failed for good."""
+    COMPLAINED = "complained"
+    """Its recipient reported the mail as spam (a feedback loop's RFC 5965 report)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -161,15 +164,6 @@ class SuppressionUpdate:
     removed: tuple[str, ...] = ()
 
 
-_ASCII_LOWER: Final = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
-
-
-def ascii_lower(text: str) -> str:
-    """Return ``text`` with its ASCII letters lowercase, and nothing else changed: the
-    case rule every store can apply in its own query (SQLite's ``lower()``, Lua's)."""
-    return text.translate(_ASCII_LOWER)
-
-
 def search_form(text: str) -> str:
     """Return a search text in the form the list keeps addresses, ASCII-lowercase.
 
@@ -218,6 +212,10 @@ def _cause(entry: Suppression) -> str:
     said = reply_line(entry.reply) or "no reply"
     if entry.reason == SuppressionReason.EXPIRED:
         return f"its delivery time expired twice; the last time: {said}"
+    if entry.reason == SuppressionReason.BOUNCED:
+        return f"an earlier message bounced with {said}"
+    if entry.reason == SuppressionReason.COMPLAINED:
+        return "its recipient reported an earlier message as spam"
     return f"an earlier delivery failed with {said}"
 
 

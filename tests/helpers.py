@@ -232,13 +232,18 @@ def worker_env(settings):
 
 def start_worker(settings, *args, redis_url=None, clock_ahead=None):
     """A ``queue_worker`` process; ``clock_ahead`` (a ``timedelta``) runs its clock that much later."""
+    return start_command(settings, "queue_worker", "-v", "2", *args, redis_url=redis_url, clock_ahead=clock_ahead)
+
+
+def start_command(settings, name, *args, redis_url=None, clock_ahead=None):
+    """A ``manage.py`` command's process on this test's database and ``settings``."""
     env = worker_env(settings)
     if redis_url is not None:
         env["REDIS_URL"] = redis_url
     if clock_ahead is not None:
         env["BUMAIL_TEST_CLOCK_AHEAD"] = str(clock_ahead.total_seconds())
     return subprocess.Popen(
-        [sys.executable, "-m", "django", "queue_worker", "-v", "2", *args],
+        [sys.executable, "-m", "django", name, *args],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 

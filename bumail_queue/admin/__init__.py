@@ -13,7 +13,8 @@ page shows a setting's value, so no password or AUTH string can appear on one.
 
 Its classes share one permission model, one way of reading the queue and one set of
 templates (``shared``); each page family has its module: ``items`` (the list, the
-actions, the item page), ``overview``, ``suppressions`` and ``log``. The message
+actions, the item page), ``overview``, ``suppressions``, ``log`` and ``returned``
+(returned mail no parser could read). The message
 preview is ``preview``'s. Importing this package registers every model admin.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 from .items import ItemAdmin
 from .log import DeliveryLogAdmin, EstimatedCountPaginator
 from .overview import overview_context
+from .returned import ReturnedMailAdmin
 from .shared import age_text
 from .suppressions import SuppressionAdmin
 
@@ -29,6 +31,7 @@ __all__ = [
     "DeliveryLogAdmin",
     "EstimatedCountPaginator",
     "ItemAdmin",
+    "ReturnedMailAdmin",
     "SuppressionAdmin",
     "age_text",
     "overview_context",

@@ -4,12 +4,12 @@ a large PostgreSQL log."""
 from __future__ import annotations
 
 import uuid
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from django.contrib import admin
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.functional import cached_property
@@ -20,7 +20,7 @@ from bumail_queue import delivery_log
 from bumail_queue.conf import get_settings
 from bumail_queue.models import DeliveryLog
 
-from .shared import LogAdminBase, secure
+from .shared import LogAdminBase, SecurePages
 
 
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
@@ -41,7 +41,7 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
 
 
 @admin.register(DeliveryLog)
-class DeliveryLogAdmin(LogAdminBase):
+class DeliveryLogAdmin(SecurePages, LogAdminBase):
     """The delivery log, read-only: entries are written by the worker, deleted by age."""
 
     list_display = ("logged_at", "recipient", "status_badge", "reply", "remote", "item")
@@ -59,21 +59,6 @@ class DeliveryLogAdmin(LogAdminBase):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[DeliveryLog]:
         return super().get_queryset(request).using(get_settings().database)
-
-    # Django's own pages, sent with the headers of every other page of the queue's.
-
-    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        return secure(super().changelist_view(request, extra_context))
-
-    def change_view(
-        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
-    ) -> HttpResponse:
-        return secure(super().change_view(request, object_id, form_url, extra_context))
-
-    def history_view(
-        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
-    ) -> HttpResponse:
-        return secure(super().history_view(request, object_id, extra_context))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from django.contrib import admin
 from django.http import (
+    HttpRequest,
+    HttpResponse,
     HttpResponseBase,
 )
 from django.urls import reverse
@@ -43,6 +45,24 @@ def secure(response: _Response) -> _Response:
     response["X-Content-Type-Options"] = "nosniff"
     response["Referrer-Policy"] = "same-origin"
     return response
+
+
+class SecurePages:
+    """Django's own pages of a model admin (list, object, history), sent with the
+    headers of every other page of the queue's."""
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return secure(cast(HttpResponse, super().changelist_view(request, extra_context)))  # type: ignore[misc]
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return secure(cast(HttpResponse, super().change_view(request, object_id, form_url, extra_context)))  # type: ignore[misc]
+
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return secure(cast(HttpResponse, super().history_view(request, object_id, extra_context)))  # type: ignore[misc]
 
 
 def admin_page(

@@ -19,6 +19,8 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     # VERP: "bounces+{token}@example.com" gives each recipient an envelope sender of
     # its own, naming its item and recipient (docs/feedback.md); None: the item's sender.
     "RETURN_PATH": None,
+    # Addresses queue_inbound also takes mail to: a feedback loop's, an abuse box.
+    "FEEDBACK_ADDRESSES": [],
     "ROUTES": {},
     # Per channel: {"newsletter": <route>}, for all of a channel's mail but the domains
     # ROUTES names.

@@ -12,7 +12,7 @@ from typing import Any
 from django.conf import settings as django_settings
 
 from bumail_queue import verp
-from bumail_queue.addresses import mailbox_problem
+from bumail_queue.addresses import ascii_lower, mailbox_problem, normal_address
 from bumail_queue.errors import QueueConfigurationError, QueueError
 from bumail_queue.items import check_priority
 
@@ -234,7 +234,22 @@ def _check_reports(check: Validator, raw: Mapping[str, Any]) -> None:
 
 def _check_return_path(check: Validator, raw: Mapping[str, Any]) -> None:
     """``RETURN_PATH``: an address with ``{token}`` once in its local part, short enough
-    for RFC 5321 with the token in it."""
+    for RFC 5321 with the token in it; ``FEEDBACK_ADDRESSES``: a list of addresses."""
+    addresses = raw.get("FEEDBACK_ADDRESSES", DEFAULTS["FEEDBACK_ADDRESSES"])
+    if isinstance(addresses, str) or not isinstance(addresses, list | tuple | set | frozenset):
+        check.add(
+            "bumail_queue.E032",
+            "FEEDBACK_ADDRESSES",
+            f"BUMAIL_QUEUE['FEEDBACK_ADDRESSES'] must be a list of addresses such as ['fbl@example.com']; got {addresses!r}.",
+        )
+    else:
+        bad = [a for a in addresses if not isinstance(a, str) or mailbox_problem(a)]
+        if bad:
+            check.add(
+                "bumail_queue.E032",
+                "FEEDBACK_ADDRESSES",
+                f"BUMAIL_QUEUE['FEEDBACK_ADDRESSES'] must hold addresses; these are not: {', '.join(map(repr, bad))}.",
+            )
     template = raw.get("RETURN_PATH")
     if template is None:
         return
@@ -325,4 +340,5 @@ def load(raw: Any) -> QueueSettings:
         suppression_dsn=values["SUPPRESSION_DSN"],
         shaping=shaping_from(values["SHAPING"]),
         return_path=values["RETURN_PATH"],
+        feedback_addresses=frozenset(ascii_lower(normal_address(a)) for a in values["FEEDBACK_ADDRESSES"]),
     )

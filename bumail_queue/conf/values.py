@@ -76,6 +76,7 @@ class QueueSettings:
     suppression_expiry_window: timedelta | None
     suppression_dsn: bool
     return_path: str | None = None  # RETURN_PATH, with its {token}
+    feedback_addresses: frozenset[str] = frozenset()  # FEEDBACK_ADDRESSES, normal form, ASCII-lowercase
     tasks: TaskSettings | None = None
     metrics_domains: frozenset[str] = frozenset()
     metrics_token: str | None = dataclasses.field(default=None, repr=False)
