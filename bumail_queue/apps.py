@@ -3,7 +3,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.utils.translation import gettext_lazy as _
@@ -22,6 +22,12 @@ class BumailQueueConfig(AppConfig):
         # Here rather than in conf, which the stores import: conf imports no store.
         setting_changed.connect(_rebuild_store, dispatch_uid="bumail_queue.rebuild_store")
         _register_celery_task()
+        if apps.is_installed("anymail"):
+            # anymail's webhooks feed the suppression list (docs/feedback.md); only
+            # where the site serves them, so nothing is imported otherwise.
+            from .feedback import esp_events
+
+            esp_events.connect()
 
 
 def _register_celery_task() -> None:

@@ -276,6 +276,7 @@ class Suppression(models.Model):
         MANUAL = "manual", _("added by an operator")
         BOUNCED = "bounced", _("bounced after it was handed on")
         COMPLAINED = "complained", _("reported as spam")
+        UNSUBSCRIBED = "unsubscribed", _("unsubscribed")
 
     # The local part as written, the domain in lowercase A-labels (addresses.normal_address).
     address = models.CharField(_("address"), max_length=320, primary_key=True)

@@ -37,6 +37,9 @@ bounced = Signal()
 #: A recipient reported mail as spam (an RFC 5965 report). kwargs: ``item_id`` (or ``None``),
 #: ``recipient``, ``feedback_type`` (``"abuse"``, ``"fraud"``...).
 complained = Signal()
+#: A recipient unsubscribed at an ESP (its webhook, through anymail). kwargs: ``item_id``
+#: (or ``None``), ``recipient``, ``source`` (``"anymail:postmark"``...).
+unsubscribed = Signal()
 
 
 def send(signal: Signal, **kwargs: Any) -> None:

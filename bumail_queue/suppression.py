@@ -95,7 +95,9 @@ class SuppressionReason(enum.StrEnum):
     BOUNCED = "bounced"
     """A report that came back after the mail was handed on said it failed for good."""
     COMPLAINED = "complained"
-    """Its recipient reported the mail as spam (a feedback loop's RFC 5965 report)."""
+    """Its recipient reported the mail as spam (a feedback loop's report, an ESP's event)."""
+    UNSUBSCRIBED = "unsubscribed"
+    """Its recipient unsubscribed at an ESP (its event)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -216,6 +218,8 @@ def _cause(entry: Suppression) -> str:
         return f"an earlier message bounced with {said}"
     if entry.reason == SuppressionReason.COMPLAINED:
         return "its recipient reported an earlier message as spam"
+    if entry.reason == SuppressionReason.UNSUBSCRIBED:
+        return "its recipient unsubscribed"
     return f"an earlier delivery failed with {said}"
 
 

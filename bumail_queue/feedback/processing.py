@@ -50,7 +50,8 @@ _REPLY_CODE = re.compile(r"\s*([245][0-9][0-9])\b")
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Event:
-    """What one recipient's return said: ``hard``, ``soft`` or ``complaint``."""
+    """What came back of one recipient: ``hard`` (a bounce), ``soft``, ``complaint`` or
+    ``unsubscribe`` (an ESP's event)."""
 
     kind: str
     recipient: str
@@ -68,7 +69,7 @@ class Processed:
 
     @property
     def suppressed(self) -> tuple[str, ...]:
-        return tuple(e.recipient for e in self.events if e.kind in ("hard", "complaint"))
+        return tuple(e.recipient for e in self.events if e.kind in ("hard", "complaint", "unsubscribe"))
 
 
 def process_returned_mail(
@@ -82,24 +83,32 @@ def process_returned_mail(
     if report.kind is ReportKind.UNRECOGNISED:
         return Processed(report=report, kept=_keep(raw, recipients, now))
     events = tuple(_events(report, recipients, service))
-    _apply(events, service, now)
+    record(events, service=service, source=report.source, feedback_type=report.feedback_type)
+    return Processed(report=report, events=events)
+
+
+def record(
+    events: Sequence[Event],
+    *,
+    service: QueueService | None = None,
+    source: str = "",
+    feedback_type: str | None = None,
+) -> None:
+    """Act on ``events``, from returned mail or an ESP's webhook: the suppression list
+    first, then the signals (the delivery log's among their receivers)."""
+    service = service or queue
+    _apply(events, service, service.clock())
     for event in events:
         if event.kind == "hard":
             signals.send(
-                signals.bounced,
-                item_id=event.item_id,
-                recipient=event.recipient,
-                reply=event.reply,
-                source=report.source,
+                signals.bounced, item_id=event.item_id, recipient=event.recipient, reply=event.reply, source=source
             )
         elif event.kind == "complaint":
             signals.send(
-                signals.complained,
-                item_id=event.item_id,
-                recipient=event.recipient,
-                feedback_type=report.feedback_type,
+                signals.complained, item_id=event.item_id, recipient=event.recipient, feedback_type=feedback_type
             )
-    return Processed(report=report, events=events)
+        elif event.kind == "unsubscribe":
+            signals.send(signals.unsubscribed, item_id=event.item_id, recipient=event.recipient, source=source)
 
 
 # -- whose is it ------------------------------------------------------------------------------
@@ -108,7 +117,7 @@ def process_returned_mail(
 def _events(report: Report, recipients: Sequence[str], service: QueueService) -> Iterable[Event]:
     if report.kind is ReportKind.COMPLAINT:
         for named in report.recipients:
-            item_id = _last_delivered_item(named.address)
+            item_id = last_delivered_item(named.address)
             yield Event(kind="complaint", recipient=named.address, item_id=item_id, reply=_reply_of(named))
         return
     if report.kind is not ReportKind.BOUNCE:
@@ -124,7 +133,7 @@ def _events(report: Report, recipients: Sequence[str], service: QueueService) ->
         kind = "hard" if named.is_hard else "soft" if named.is_soft and named.action == "failed" else None
         if kind is not None:
             yield Event(
-                kind=kind, recipient=named.address, item_id=_last_delivered_item(named.address), reply=_reply_of(named)
+                kind=kind, recipient=named.address, item_id=last_delivered_item(named.address), reply=_reply_of(named)
             )
 
 
@@ -163,7 +172,7 @@ def _candidates(item_id: str, report: Report, service: QueueService) -> list[str
     return list(dict.fromkeys(found))
 
 
-def _last_delivered_item(address: str) -> str | None:
+def last_delivered_item(address: str) -> str | None:
     settings = get_settings()
     if not settings.delivery_log:
         return None
@@ -187,7 +196,11 @@ def _apply(events: Sequence[Event], service: QueueService, now: datetime) -> Non
     settings = service.settings
     if not settings.suppression or not events:
         return
-    reasons = {"hard": SuppressionReason.BOUNCED, "complaint": SuppressionReason.COMPLAINED}
+    reasons = {
+        "hard": SuppressionReason.BOUNCED,
+        "complaint": SuppressionReason.COMPLAINED,
+        "unsubscribe": SuppressionReason.UNSUBSCRIBED,
+    }
     add = {  # one entry an address, the last word on it winning
         e.recipient: _entry(e, reasons[e.kind], now, settings.suppression_duration) for e in events if e.kind in reasons
     }

@@ -1,5 +1,5 @@
 """Feedback: the delivery log's ``bounced`` status and the suppression list's
-``bounced`` and ``complained`` reasons (choices only: no column changes), and the table
+``bounced``, ``complained`` and ``unsubscribed`` reasons (choices only: no column changes), and the table
 of returned mail no parser could read, kept for a person."""
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class Migration(migrations.Migration):
                     ("manual", "added by an operator"),
                     ("bounced", "bounced after it was handed on"),
                     ("complained", "reported as spam"),
+                    ("unsubscribed", "unsubscribed"),
                 ],
                 max_length=16,
                 verbose_name="reason",

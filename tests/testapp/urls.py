@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
 from bumail_queue.metrics.views import QueueMetricsView
 
@@ -9,6 +9,7 @@ from . import views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("anymail/", include("anymail.urls")),
     path("metrics/queue/", QueueMetricsView.as_view()),
     path("send-one/", views.send_one),
     path("send-many/", views.send_many),
