@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -35,6 +36,8 @@ Clock = Callable[[], datetime]
 logger = logging.getLogger(__name__)
 #: The longest note an operator may give a suppression.
 MAX_NOTE = 500
+SUPPRESSION_BATCH = 1000
+"""Entries written to the list in one step by ``add_suppressions`` (an import)."""
 
 
 class QueueService:
@@ -456,6 +459,27 @@ class QueueService:
         )
         self.store.update_suppressions(SuppressionChange(add=(entry,)), now=now)
         return entry
+
+    def add_suppressions(self, entries: Sequence[Suppression]) -> int:
+        """Put ``entries`` on the list as they are (their reasons, replies and times: an
+        export of this list or another's), replacing the addresses' own; return how many.
+
+        All are checked before any is written: ``QueueError(INVALID)`` names the first
+        that is no mailbox, has expired already, or holds text that cannot be kept.
+        """
+        now = self.clock()
+        checked = []
+        for entry in entries:
+            problem = mailbox_problem(entry.address) if isinstance(entry.address, str) else "it is not a string"
+            if problem or entry.expires_at <= now:
+                why = problem or f"its entry expired at {entry.expires_at.isoformat()}"
+                raise QueueError(ErrorCode.INVALID, f"{entry.address!r} cannot be suppressed: {why}.")
+            require_keepable(entry.reply.text, "reply")
+            checked.append(dataclasses.replace(entry, address=normal_address(entry.address)))
+        for start in range(0, len(checked), SUPPRESSION_BATCH):
+            batch = tuple(checked[start : start + SUPPRESSION_BATCH])
+            self.store.update_suppressions(SuppressionChange(add=batch), now=now)
+        return len(checked)
 
     def unsuppress(self, addresses: Sequence[str] = (), *, domain: str | None = None) -> builtins.list[str]:
         """Take addresses off the suppression list, with any note of a first expiry.

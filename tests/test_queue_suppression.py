@@ -195,3 +195,55 @@ def test_on_the_command_line_an_address_not_on_the_list_is_a_line_of_its_own_and
         "Removed 1 address from the suppression list.\n",
         "never@example.org is not suppressed.\n",
     )
+
+
+def test_export_then_import_brings_the_list_back_with_its_reasons_replies_and_times(store_name, tmp_path):
+    gone = bounced("gone@example.org", minutes_ago=5)
+    note = queue.suppress("Ann@Example.org", note='asked us to stop, "twice"\nby phone')
+    lines, _ = run("export")
+    assert lines[0] == "address,reason,created_at,expires_at,reply_code,reply_status,reply_text"
+    exported = tmp_path / "list.csv"
+    exported.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    queue.unsuppress(["gone@example.org", "Ann@example.org"])
+    assert queue.count_suppressions() == 0
+
+    assert run("import", str(exported)) == (["Imported 2 entries."], [])
+    assert {e.address: e for e in queue.search_suppressions()} == {"gone@example.org": gone, "Ann@example.org": note}
+
+
+@pytest.mark.parametrize(
+    ("rows", "said"),
+    [
+        (["nobody,failed,2026-03-01T09:00:00+00:00,2999-01-01T00:00:00+00:00,,,x"], r"first line must be the columns"),
+        (
+            ["address,reason,created_at,expires_at,reply_code,reply_status,reply_text",
+             "a@example.org,failed,2026-03-01T09:00:00+00:00,2999-01-01T00:00:00+00:00,550,5.1.1,gone",
+             "b@example.org,lost,2026-03-01T09:00:00+00:00,2999-01-01T00:00:00+00:00,,,"],
+            r"line 3 is no entry",
+        ),
+        (
+            ["address,reason,created_at,expires_at,reply_code,reply_status,reply_text",
+             "a@example.org,failed,2026-03-01T09:00:00+00:00,2999-01-01T00:00:00+00:00,550,5.1.1,gone",
+             "old@example.org,failed,2020-03-01T09:00:00+00:00,2020-04-01T00:00:00+00:00,550,5.1.1,gone"],
+            r"'old@example.org' cannot be suppressed: its entry expired",
+        ),
+        (
+            ["address,reason,created_at,expires_at,reply_code,reply_status,reply_text",
+             "not an address,manual,2026-03-01T09:00:00+00:00,2999-01-01T00:00:00+00:00,,,"],
+            r"'not an address' cannot be suppressed",
+        ),
+    ],
+)  # fmt: skip
+def test_import_of_a_file_with_a_wrong_line_says_which_and_imports_nothing(store_name, tmp_path, rows, said):
+    source = tmp_path / "list.csv"
+    source.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    with pytest.raises(CommandError, match=said):
+        run("import", str(source))
+    assert queue.count_suppressions() == 0
+
+
+def test_import_needs_one_file(store_name):
+    with pytest.raises(CommandError, match=r"Give the CSV file to import"):
+        run("import")
+    with pytest.raises(CommandError, match=r"Cannot read /nonexistent/list.csv"):
+        run("import", "/nonexistent/list.csv")

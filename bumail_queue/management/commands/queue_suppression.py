@@ -3,28 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
-from datetime import timedelta
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
 from bumail_queue.addresses import normal_address
 from bumail_queue.errors import QueueError
-from bumail_queue.items import reply_line
+from bumail_queue.items import Reply, reply_line
 from bumail_queue.management.arguments import duration, positive_int
 from bumail_queue.management.commands.queue_status import store_errors_in_one_line
 from bumail_queue.service import queue
-from bumail_queue.suppression import Suppression
+from bumail_queue.suppression import Suppression, SuppressionReason
 
-ACTIONS = ("list", "add", "remove", "purge")
+ACTIONS = ("list", "add", "remove", "purge", "export", "import")
+#: The columns of ``export`` and ``import``, in this order, with a header line.
+CSV_COLUMNS = ("address", "reason", "created_at", "expires_at", "reply_code", "reply_status", "reply_text")
+EXPORT_PAGE = 1000
 
 
 class Command(BaseCommand):
     help = (
         "The suppression list: addresses that fail at once, with no session, until their entries expire. "
-        "list [--search TEXT], add ADDRESS... [--note TEXT] [--for 30d], remove ADDRESS... or --domain DOMAIN, purge."
+        "list [--search TEXT], add ADDRESS... [--note TEXT] [--for 30d], remove ADDRESS... or --domain DOMAIN, purge, "
+        "export (CSV to stdout), import FILE (CSV, - for stdin)."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -32,9 +38,9 @@ class Command(BaseCommand):
             "action",
             choices=ACTIONS,
             help="list the entries in force, the newest first; add (suppress) or remove addresses; "
-            "purge the entries that expired",
+            "purge the entries that expired; export them as CSV; import a CSV of them",
         )
-        parser.add_argument("addresses", nargs="*", metavar="ADDRESS", help="for add and remove")
+        parser.add_argument("addresses", nargs="*", metavar="ADDRESS", help="for add and remove; import: the file")
         parser.add_argument("--search", metavar="TEXT", help="list: only the addresses that hold TEXT (case aside)")
         parser.add_argument("--limit", type=positive_int, default=100, help="list: entries shown (default: 100)")
         parser.add_argument("--json", action="store_true", help="list: one JSON object, for scripts")
@@ -46,8 +52,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         action, addresses = options["action"], options["addresses"]
-        if action in ("list", "purge") and addresses:
+        if action in ("list", "purge", "export") and addresses:
             raise CommandError(f"{action} takes no address; to find one: list --search TEXT.")
+        if action == "import" and len(addresses) != 1:
+            raise CommandError("Give the CSV file to import (- for standard input).")
         if action == "add" and not addresses:
             raise CommandError("Give the addresses to suppress.")
         with store_errors_in_one_line():
@@ -57,6 +65,10 @@ class Command(BaseCommand):
                 self._add(addresses, note=options["note"], lasts=options["lasts"])
             elif action == "remove":
                 self._remove(addresses, options["domain"])
+            elif action == "export":
+                self._export()
+            elif action == "import":
+                self._import(addresses[0])
             else:
                 dropped = queue.purge_suppressions()
                 self.stdout.write(f"Dropped {dropped} expired entr{'y' if dropped == 1 else 'ies'}.")
@@ -104,6 +116,70 @@ class Command(BaseCommand):
         self.stdout.write(f"Removed {count} address{'es' if count != 1 else ''} from the suppression list.")
         if unknown:
             sys.exit(1)  # as queue_retry does for an id no item has: the others were removed
+
+    def _export(self) -> None:
+        writer = csv.writer(self.stdout, lineterminator="\n")
+        writer.writerow(CSV_COLUMNS)
+        offset = 0
+        while page := queue.search_suppressions(offset=offset, limit=EXPORT_PAGE):
+            writer.writerows(csv_row(entry) for entry in page)
+            offset += len(page)
+
+    def _import(self, path: str) -> None:
+        try:
+            if path == "-":
+                entries = entries_from_csv(sys.stdin)
+            else:
+                with open(path, newline="", encoding="utf-8") as source:
+                    entries = entries_from_csv(source)
+            added = queue.add_suppressions(entries)
+        except OSError as error:
+            raise CommandError(f"Cannot read {path}: {error.strerror or error}.") from error
+        except (ValueError, QueueError) as error:
+            raise CommandError(f"{path}: {getattr(error, 'message', error)} Nothing was imported.") from error
+        self.stdout.write(f"Imported {added} entr{'y' if added == 1 else 'ies'}.")
+
+
+def csv_row(entry: Suppression) -> list[str]:
+    reply = entry.reply
+    return [
+        entry.address,
+        entry.reason.value,
+        entry.created_at.isoformat(),
+        entry.expires_at.isoformat(),
+        "" if reply.code is None else str(reply.code),
+        reply.status,
+        reply.text,
+    ]
+
+
+def entries_from_csv(source: Iterable[str]) -> list[Suppression]:
+    """The entries of an ``export``'s CSV; ``ValueError`` names the first line that is not one."""
+    reader = csv.DictReader(source)
+    if reader.fieldnames is None or tuple(reader.fieldnames) != CSV_COLUMNS:
+        raise ValueError(f"the first line must be the columns {','.join(CSV_COLUMNS)}.")
+    entries = []
+    for row in reader:
+        try:
+            entries.append(
+                Suppression(
+                    address=row["address"],
+                    reason=SuppressionReason(row["reason"]),
+                    reply=Reply(code=int(row["reply_code"]) if row["reply_code"] else None,
+                                status=row["reply_status"], text=row["reply_text"]),
+                    created_at=aware(row["created_at"]),
+                    expires_at=aware(row["expires_at"]),
+                )
+            )  # fmt: skip
+        except (ValueError, TypeError, KeyError) as error:
+            raise ValueError(f"line {reader.line_num} is no entry ({error}).") from error
+    return entries
+
+
+def aware(text: str) -> datetime:
+    """An ISO 8601 time; one without an offset is UTC."""
+    value = datetime.fromisoformat(text)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def entry_line(entry: Suppression) -> str:
