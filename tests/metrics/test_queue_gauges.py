@@ -101,7 +101,7 @@ def test_the_delivery_logs_last_hour_counts_each_status():
         for (name, labels), value in samples.items()
         if name == "bumail_queue_delivery_log_entries_last_hour"
     }
-    assert log == {"delivered": 2, "deferred": 0, "failed": 1, "expired": 1, "cancelled": 0}
+    assert log == {"delivered": 2, "deferred": 0, "failed": 1, "expired": 1, "cancelled": 0, "bounced": 0}
     with override_settings(BUMAIL_QUEUE={"HOSTNAME": "mta.example.com", "DELIVERY_LOG": False}):
         assert not any(
             name.startswith("bumail_queue_delivery_log") for name, _ in scraped(QueueCollector(clock=lambda: now))
