@@ -29,7 +29,8 @@ def test_the_fields_come_back_as_given():
     assert message.from_email == "Sender <app@example.com>"
     assert (message.to, message.cc, message.bcc) == (["Ann <ann@example.org>"], ["cc@example.org"], ["b@x.org"])
     assert message.body == "Plain body\n"
-    assert message.alternatives[0][0] == "<p>HTML body</p>"
+    # Django 6 writes a text part with a final line end; 5.2 without.
+    assert message.alternatives[0][0].rstrip("\n") == "<p>HTML body</p>"
 
 
 def test_extra_header_fields_come_back_unfolded_and_decoded():
