@@ -145,13 +145,14 @@ class Patterns:
             reverse=True,
         )
         self.default = shaping.get(DEFAULT_PATTERN)
+        self._by_suffix = dict(self.suffixes)
 
     def __bool__(self) -> bool:
         return bool(self.exact or self.suffixes or self.default)
 
     def limits_of(self, key: str) -> Limits | None:
         """The limits of the bucket ``key``: its pattern's, else ``"*"``'s (a bucket of its own)."""
-        return self.exact.get(key) or dict(self.suffixes).get(key) or self.default
+        return self.exact.get(key) or self._by_suffix.get(key) or self.default
 
     def match(self, name: str, hosts: Sequence[str] = ()) -> Shape | None:
         name = name.rstrip(".").lower()

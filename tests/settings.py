@@ -81,7 +81,7 @@ ROOT_URLCONF = "tests.testapp.urls"
 # anymail's webhook views, served by tests.testapp.urls (tests/feedback/test_esp_events.py).
 # Not in INSTALLED_APPS: a worker's start would import it, and the tests of what a
 # start imports count it; its tests connect the queue's receiver themselves.
-ANYMAIL = {"WEBHOOK_SECRET": "hooks:tests-only-webhook-s3cret"}
+ANYMAIL = {"WEBHOOK_SECRET": "hooks:tests-only-not-a-secret"}
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",

@@ -43,8 +43,11 @@ Process = Callable[[bytes, list[str]], object]
 class FeedbackHandler:
     """aiosmtpd's handler: which recipients are taken, and what a message's data does."""
 
-    def __init__(self, *, settings: QueueSettings, process: Process, executor: concurrent.futures.Executor) -> None:
+    def __init__(
+        self, *, settings: QueueSettings, process: Process, executor: concurrent.futures.Executor, lmtp: bool
+    ) -> None:
         self.settings = settings
+        self.lmtp = lmtp
         self.process = process
         self.executor = executor
 
@@ -75,7 +78,7 @@ class FeedbackHandler:
             reply = "451 4.3.0 The message could not be processed now; try again later"
         else:
             reply = "250 2.0.0 Processed"
-        if _speaks_lmtp(server):
+        if self.lmtp:
             for _ in recipients[1:]:  # LMTP: a reply for each recipient, the last one returned
                 await server.push(reply)
         return reply
@@ -85,12 +88,6 @@ class FeedbackHandler:
             self.process(raw, recipients)
         finally:
             connections.close_all()  # this thread's own
-
-
-def _speaks_lmtp(server: Any) -> bool:
-    from aiosmtpd.lmtp import LMTP
-
-    return isinstance(server, LMTP)
 
 
 async def serve(
@@ -108,7 +105,7 @@ async def serve(
     from aiosmtpd.smtp import SMTP
 
     with concurrent.futures.ThreadPoolExecutor(PROCESSING_THREADS, thread_name_prefix="bumail-queue-inbound") as pool:
-        handler = FeedbackHandler(settings=settings, process=process, executor=pool)
+        handler = FeedbackHandler(settings=settings, process=process, executor=pool, lmtp=lmtp)
         protocol = LMTP if lmtp else SMTP
         server = await asyncio.get_running_loop().create_server(
             lambda: protocol(

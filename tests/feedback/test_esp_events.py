@@ -33,7 +33,7 @@ def connected():
 
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
-AUTH = "Basic " + base64.b64encode(b"hooks:tests-only-webhook-s3cret").decode()
+AUTH = "Basic " + base64.b64encode(b"hooks:tests-only-not-a-secret").decode()
 
 
 @pytest.fixture(params=["orm", "memory", pytest.param("redis", marks=pytest.mark.redis)])
