@@ -278,8 +278,11 @@ class Suppression(models.Model):
         COMPLAINED = "complained", _("reported as spam")
         UNSUBSCRIBED = "unsubscribed", _("unsubscribed")
 
+    id = models.BigAutoField(primary_key=True)
     # The local part as written, the domain in lowercase A-labels (addresses.normal_address).
-    address = models.CharField(_("address"), max_length=320, primary_key=True)
+    address = models.CharField(_("address"), max_length=320)
+    # "" for all mail, "channel:<name>" for one channel's (suppression.channel_scope).
+    scope = models.CharField(_("scope"), max_length=80, blank=True, default="")
     suppressed = models.BooleanField(_("suppressed"), default=True)
     reason = models.CharField(_("reason"), max_length=16, choices=Reason.choices)
     reply_code = models.PositiveSmallIntegerField(_("reply code"), null=True, blank=True)
@@ -293,6 +296,10 @@ class Suppression(models.Model):
         verbose_name = _("suppressed address")
         verbose_name_plural = _("suppressed addresses")
         ordering = ("-created_at", "-address")
+        constraints = (
+            # An address's entry per scope: lookups and upserts go by it.
+            models.UniqueConstraint(fields=("address", "scope"), name="bumail_queue_suppr_address_scope"),
+        )
         indexes = (
             # The newest first (the admin's list).
             models.Index(fields=("created_at",), name="bumail_queue_suppr_created"),
@@ -340,7 +347,8 @@ class ShapingBucket(models.Model):
 
 
 class ReturnedMail(models.Model):
-    """Mail that came back (``queue_inbound``) and that no parser could read: kept for a
+    """Mail that came back (``queue_inbound``) and that no parser could read, or whose
+    processing a pass over a mailbox left unfinished (``note`` says so): kept for a
     person, never dropped. See ``docs/feedback.md``."""
 
     id = models.BigAutoField(primary_key=True)
@@ -350,6 +358,8 @@ class ReturnedMail(models.Model):
     sender = models.TextField(_("from"), blank=True)
     subject = models.TextField(_("subject"), blank=True)
     message = models.BinaryField(_("message"))
+    # Why it was kept, when not only because nobody could read it (a mailbox's fetch cut short).
+    note = models.TextField(_("note"), blank=True, default="")
 
     class Meta:
         db_table = "bumail_queue_returned_mail"
@@ -360,3 +370,30 @@ class ReturnedMail(models.Model):
 
     def __str__(self) -> str:
         return f"{self.received_at:%Y-%m-%d %H:%M} {self.subject or '(no subject)'}"
+
+
+class MailboxMessage(models.Model):
+    """A message fetched from a mailbox (``queue_inbound --imap``/``--pop3``) while it
+    is in flight: ``started`` once fetched and before it is processed, ``done`` once
+    processed and until the server has removed it, then deleted. See ``docs/feedback.md``."""
+
+    class State(models.TextChoices):
+        STARTED = "started", "started"
+        DONE = "done", "done"
+
+    id = models.BigAutoField(primary_key=True)
+    # The mailbox's URL as the command names it (never with a password).
+    mailbox = models.CharField(_("mailbox"), max_length=500)
+    # SHA-256 of the message's octets, in hex.
+    digest = models.CharField(_("digest"), max_length=64)
+    state = models.CharField(_("state"), max_length=16, choices=State.choices)
+    fetched_at = models.DateTimeField(_("fetched at"))
+
+    class Meta:
+        db_table = "bumail_queue_mailbox_message"
+        verbose_name = _("message fetched from a mailbox")
+        verbose_name_plural = _("messages fetched from a mailbox")
+        constraints = (models.UniqueConstraint(fields=("mailbox", "digest"), name="bumail_queue_mailbox_message_once"),)
+
+    def __str__(self) -> str:
+        return f"{self.mailbox} {self.digest[:12]} {self.state}"

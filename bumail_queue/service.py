@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -17,15 +16,16 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from . import mime, signals
-from .addresses import domain_of, domain_problem, mailbox_problem, normal_address
-from .conf import QueueSettings, get_settings, normalise_domain
+from .conf import QueueSettings, get_settings
 from .errors import ErrorCode, QueueError, first_line
-from .items import DEFAULT_CHANNEL, DEFAULT_PRIORITY, NewItem, QueueItem, Reply, check_channel, check_priority
+from .items import DEFAULT_CHANNEL, DEFAULT_PRIORITY, NewItem, QueueItem, check_channel, check_priority
 from .queries import AGE_BUCKETS, ItemQuery, ItemState, QueueSummary, RetryResult
 from .shaping import DestinationState, Patterns
 from .stores import QueueStore, get_store
-from .suppression import Suppression, SuppressionChange, SuppressionReason
+from .suppression_service import MAX_NOTE, SuppressionService, recipient_domain
 from .text import require_keepable
+
+__all__ = ["MAX_NOTE", "QueueService", "queue"]
 
 if TYPE_CHECKING:
     from .delivery.envelope import Resolver, Transport
@@ -34,13 +34,9 @@ if TYPE_CHECKING:
 Clock = Callable[[], datetime]
 
 logger = logging.getLogger(__name__)
-#: The longest note an operator may give a suppression.
-MAX_NOTE = 500
-SUPPRESSION_BATCH = 1000
-"""Entries written to the list in one step by ``add_suppressions`` (an import)."""
 
 
-class QueueService:
+class QueueService(SuppressionService):
     """Enqueue mail and manage the queue, whatever store keeps it.
 
     The store and settings are looked up at each call (both follow
@@ -285,7 +281,7 @@ class QueueService:
         now = self.clock()
         if ids is not None:
             return self._retry_items([ids] if isinstance(ids, str) else [str(given) for given in ids], now)
-        retry_domain = None if domain is None else _recipient_domain(domain)
+        retry_domain = None if domain is None else recipient_domain(domain)
         store = self.store
         result = RetryResult(due=store.retry_deferred(now=now, domain=retry_domain))
         if result.due:
@@ -422,105 +418,6 @@ class QueueService:
         """Return an item's message as queued, or ``None``."""
         return self.store.read_message(str(id))
 
-    # -- the suppression list: the admin, queue_suppression ------------------------------
-
-    def suppressed(self, addresses: Sequence[str]) -> dict[str, Suppression]:
-        """Return the entries in force for those of ``addresses`` on the suppression list.
-
-        Keyed by each address as given; one round trip to the store for them all.
-        """
-        given = [addresses] if isinstance(addresses, str) else [str(address) for address in addresses]
-        return self.store.suppressions_of(given, now=self.clock())
-
-    def suppress(self, address: str, *, note: str = "", duration: timedelta | None = None) -> Suppression:
-        """Put ``address`` on the suppression list as an operator (reason ``manual``).
-
-        For ``duration`` (``SUPPRESSION_DURATION`` unless given); an entry the address
-        had is replaced. ``note`` says why, on the list's pages. Raises
-        ``QueueError(INVALID)`` for an address that is no mailbox, a duration that is
-        not a positive ``timedelta``, or text that cannot be kept.
-        """
-        problem = mailbox_problem(address) if isinstance(address, str) else "it is not a string"
-        if problem:
-            raise QueueError(ErrorCode.INVALID, f"{address!r} cannot be suppressed: {problem}.", recipient=address)
-        if duration is None:
-            duration = self.settings.suppression_duration
-        elif not isinstance(duration, timedelta) or duration <= timedelta(0):
-            raise QueueError(ErrorCode.INVALID, f"A suppression lasts a positive timedelta; got {duration!r}.")
-        if not isinstance(note, str) or len(note) > MAX_NOTE:
-            raise QueueError(ErrorCode.INVALID, f"A suppression's note is a string of at most {MAX_NOTE} characters.")
-        now = self.clock()
-        entry = Suppression(
-            address=normal_address(address),
-            reason=SuppressionReason.MANUAL,
-            reply=Reply(code=None, status="", text=require_keepable(note.strip(), "note")),
-            created_at=now,
-            expires_at=now + duration,
-        )
-        self.store.update_suppressions(SuppressionChange(add=(entry,)), now=now)
-        return entry
-
-    def add_suppressions(self, entries: Sequence[Suppression]) -> int:
-        """Put ``entries`` on the list as they are (their reasons, replies and times: an
-        export of this list or another's), replacing the addresses' own; return how many.
-
-        All are checked before any is written: ``QueueError(INVALID)`` names the first
-        that is no mailbox, has expired already, or holds text that cannot be kept.
-        """
-        now = self.clock()
-        checked = []
-        for entry in entries:
-            problem = mailbox_problem(entry.address) if isinstance(entry.address, str) else "it is not a string"
-            if problem or entry.expires_at <= now:
-                why = problem or f"its entry expired at {entry.expires_at.isoformat()}"
-                raise QueueError(ErrorCode.INVALID, f"{entry.address!r} cannot be suppressed: {why}.")
-            require_keepable(entry.reply.text, "reply")
-            checked.append(dataclasses.replace(entry, address=normal_address(entry.address)))
-        for start in range(0, len(checked), SUPPRESSION_BATCH):
-            batch = tuple(checked[start : start + SUPPRESSION_BATCH])
-            self.store.update_suppressions(SuppressionChange(add=batch), now=now)
-        return len(checked)
-
-    def unsuppress(self, addresses: Sequence[str] = (), *, domain: str | None = None) -> builtins.list[str]:
-        """Take addresses off the suppression list, with any note of a first expiry.
-
-        ``addresses`` as given, or with ``domain`` every address on the list at that
-        domain (compared as routes compare domains), as after an outage there.
-        Returns those whose entries were in force, in ``addresses.normal_address``'s
-        form. Raises ``QueueError(INVALID)`` for a domain that is none.
-        """
-        given = [addresses] if isinstance(addresses, str) else [str(address) for address in addresses]
-        if domain is not None:
-            given += self._suppressed_at(_recipient_domain(domain))
-        clear = tuple(dict.fromkeys(normal_address(address) for address in given))
-        return builtins.list(self.store.update_suppressions(SuppressionChange(clear=clear), now=self.clock()).removed)
-
-    def _suppressed_at(self, domain: str) -> builtins.list[str]:
-        """The addresses on the list at ``domain`` (in ``normalise_domain``'s form), a page at a time."""
-        found: builtins.list[str] = []
-        now, offset = self.clock(), 0
-        while page := self.store.search_suppressions(now=now, text=f"@{domain}", offset=offset, limit=1000):
-            found += [entry.address for entry in page if domain_of(entry.address) == domain]
-            offset += len(page)
-        return found
-
-    def search_suppressions(
-        self, *, text: str | None = None, offset: int = 0, limit: int = 100
-    ) -> builtins.list[Suppression]:
-        """Return a page of the entries in force, the newest first; with ``text``, those
-        whose address holds it (its domain as written or in A-labels, ASCII case aside)."""
-        if offset < 0 or limit < 0:
-            raise QueueError(ErrorCode.INVALID, "'offset' and 'limit' must be 0 or more.")
-        return self.store.search_suppressions(now=self.clock(), text=text or None, offset=offset, limit=limit)
-
-    def count_suppressions(self) -> int:
-        """Return how many addresses the suppression list holds now."""
-        return self.store.count_suppressions(now=self.clock())
-
-    def purge_suppressions(self) -> int:
-        """Drop the entries that expired (lookups skip them already); return how many."""
-        return self.store.purge_suppressions(now=self.clock())
-
     def deliver_due(
         self,
         now: datetime | None = None,
@@ -574,16 +471,6 @@ def _check_key(key: str | None) -> None:
         if not isinstance(key, str) or not 0 < len(key) <= 255:
             raise QueueError(ErrorCode.INVALID, "'key' must be a string of 1 to 255 characters.")
         require_keepable(key, "idempotency key")
-
-
-def _recipient_domain(domain: str) -> str:
-    """Return ``domain`` in the form recipients' domains are compared in; raise
-    ``QueueError(INVALID)`` for one no mailbox could be at."""
-    name = domain.rstrip(".")
-    problem = domain_problem(name) if name else "it is empty"
-    if problem:
-        raise QueueError(ErrorCode.INVALID, f"{domain!r} is not a domain: {problem}.")
-    return normalise_domain(name)
 
 
 def _usual_id(item_id: str) -> str:

@@ -37,8 +37,10 @@ bounced = Signal()
 #: A recipient reported mail as spam (an RFC 5965 report). kwargs: ``item_id`` (or ``None``),
 #: ``recipient``, ``feedback_type`` (``"abuse"``, ``"fraud"``...).
 complained = Signal()
-#: A recipient unsubscribed at an ESP (its webhook, through anymail). kwargs: ``item_id``
-#: (or ``None``), ``recipient``, ``source`` (``"anymail:postmark"``...).
+#: A recipient unsubscribed: at an ESP (its webhook, through anymail), or with one click
+#: (RFC 8058, ``bumail_queue.urls``). kwargs: ``item_id`` (or ``None``), ``recipient``,
+#: ``source`` (``"anymail:postmark"``..., ``"one-click"``), ``channel`` (the channel left,
+#: one-click; ``None``: all mail).
 unsubscribed = Signal()
 
 

@@ -3,9 +3,10 @@
 An address is suppressed when a permanent failure says that its mailbox or its domain
 does not exist (``SUPPRESSING_STATUSES``), or when its delivery time expired
 (``MAX_AGE``, ``4.4.7``) twice within ``SUPPRESSION_EXPIRY_WINDOW``; a delivery to it
-takes it off, and so does its expiry (``SUPPRESSION_DURATION``). The worker checks a
-claim's recipients against the list before it routes them: a suppressed recipient
-fails at once with ``suppressed_reply()``, without a session.
+takes such an entry off (``DISPROVED_BY_DELIVERY``), and so does its expiry
+(``SUPPRESSION_DURATION``). An entry is of all mail or of one channel's (its scope).
+The worker checks a claim's recipients against the list before it routes them: a
+suppressed recipient fails at once with ``suppressed_reply()``, without a session.
 
 These are values and pure functions; the stores keep the entries (``QueueStore``'s
 suppression methods), the worker and its recorder apply them.
@@ -18,13 +19,17 @@ import enum
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from .addresses import ascii_lower, normal_address, normal_domain
-from .items import Outcome, RecipientStatus, Reply, reply_line
+from .errors import ErrorCode, QueueError
+from .items import CHANNEL_PATTERN, Outcome, RecipientStatus, Reply, reply_line
 
 __all__ = [
+    "DISPROVED_BY_DELIVERY",
     "DNS_VERDICTS",
+    "GLOBAL_SCOPE",
+    "SCOPE_KINDS",
     "SUPPRESSED_STATUS",
     "SUPPRESSING_STATUSES",
     "Suppression",
@@ -34,6 +39,11 @@ __all__ = [
     "address_holds",
     "ascii_lower",
     "change_from",
+    "channel_scope",
+    "is_scope",
+    "require_scope",
+    "scope_label",
+    "scopes_of",
     "search_form",
     "suppressed_reply",
     "suppresses",
@@ -83,6 +93,52 @@ suppressed recipient with it too. Not the cause's own status: the cause was anot
 message's, and an expiry's (``4.4.7``) is not even permanent."""
 
 
+GLOBAL_SCOPE: Final = ""
+"""The scope of an entry that suppresses its address for all mail."""
+
+
+SCOPE_KINDS: Final = ("channel", "tenant")
+"""The kinds of scope an entry may name besides the global one (``tenant`` is kept and
+looked up like any other, for a site that scopes by its own tenants)."""
+
+
+def channel_scope(channel: str) -> str:
+    """Return the scope of an entry that suppresses its address for ``channel``'s mail alone.
+
+    Scopes are strings named by kind (``channel:newsletter``), so that a tenant's
+    (``tenant:...``) can join them without a change to the stores.
+    """
+    return f"channel:{channel}"
+
+
+def scopes_of(channel: str) -> tuple[str, str]:
+    """Return the scopes whose entries suppress mail of ``channel``, the global one first."""
+    return (GLOBAL_SCOPE, channel_scope(channel))
+
+
+def is_scope(scope: object) -> bool:
+    """Return whether ``scope`` is the global scope or a kind's (``channel:<a channel name>``)."""
+    if not isinstance(scope, str):
+        return False
+    kind, colon, name = scope.partition(":")
+    return scope == GLOBAL_SCOPE or (bool(colon) and kind in SCOPE_KINDS and bool(CHANNEL_PATTERN.fullmatch(name)))
+
+
+def require_scope(scope: object) -> str:
+    """Return ``scope``, or raise ``QueueError(INVALID)`` for one ``is_scope`` refuses."""
+    if not is_scope(scope):
+        raise QueueError(
+            ErrorCode.INVALID,
+            f"A suppression's scope is '' (all mail), 'channel:<channel>' or 'tenant:<name>'; got {scope!r}.",
+        )
+    return cast(str, scope)
+
+
+def scope_label(scope: str) -> str:
+    """Return how pages and exports show ``scope``: ``all mail`` for the global one."""
+    return scope or "all mail"
+
+
 class SuppressionReason(enum.StrEnum):
     """Why an address is on the list."""
 
@@ -100,13 +156,22 @@ class SuppressionReason(enum.StrEnum):
     """Its recipient unsubscribed at an ESP (its event)."""
 
 
+DISPROVED_BY_DELIVERY: Final = frozenset({SuppressionReason.FAILED, SuppressionReason.EXPIRED})
+"""The reasons of the entries a delivery takes off: a session's verdict that the mailbox
+does not exist, which a later session's acceptance contradicts. Not a bounce, a
+complaint, an unsubscribe or an operator's entry: a delivery that raced one of them (a
+bounce read back while the recorder was still writing the message's own delivery,
+behind a smarthost that accepts everything) says nothing against it."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Suppression:
     """An entry of the suppression list.
 
     ``address`` is in ``addresses.normal_address``'s form; ``reply`` the reply that
     put it there (an operator's note, with no code and no status, for ``manual``).
-    The entry is in force until ``expires_at``.
+    The entry is in force until ``expires_at``, for all mail (``GLOBAL_SCOPE``) or for
+    its ``scope``'s alone (``channel_scope()``).
     """
 
     address: str
@@ -114,6 +179,7 @@ class Suppression:
     reply: Reply
     created_at: datetime
     expires_at: datetime
+    scope: str = GLOBAL_SCOPE
 
     def is_in_force(self, now: datetime) -> bool:
         """Return whether the entry still suppresses its address at ``now``."""
@@ -121,7 +187,10 @@ class Suppression:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form a store keeps (times are kept by the store, in its own form)."""
-        return {"reason": self.reason.value, "reply": self.reply.to_dict()}
+        data = {"reason": self.reason.value, "reply": self.reply.to_dict()}
+        if self.scope != GLOBAL_SCOPE:
+            data["scope"] = self.scope
+        return data
 
     @classmethod
     def from_dict(
@@ -134,6 +203,7 @@ class Suppression:
             reply=Reply.from_dict(data["reply"]),
             created_at=created_at,
             expires_at=expires_at,
+            scope=data.get("scope", GLOBAL_SCOPE),
         )
 
 
@@ -146,15 +216,23 @@ class SuppressionChange:
     ``note_until``) is suppressed, as its entry there says, when a second comes while
     the note lasts. ``clear`` takes addresses off: their entries and their notes. An
     address is in one of the three at most, in ``addresses.normal_address``'s form.
+
+    ``clear`` holds delivered addresses: each loses its note, and its global entry if
+    a delivery disproves it (``DISPROVED_BY_DELIVERY``). A delivery proves that a
+    mailbox takes mail, not that its owner wants back a channel they left, nor that a
+    bounce read since was wrong. ``clear_scoped`` takes entries off whatever their
+    reason (an operator's removal), as ``(address, scope)`` pairs; the global scope's
+    with the address's note.
     """
 
     add: tuple[Suppression, ...] = ()
     expired: tuple[Suppression, ...] = ()
     note_until: datetime | None = None
     clear: tuple[str, ...] = ()
+    clear_scoped: tuple[tuple[str, str], ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.add or self.expired or self.clear)
+        return bool(self.add or self.expired or self.clear or self.clear_scoped)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -31,13 +31,14 @@ from bumail_queue.stores.redis import RedisStore
 from tests.dkim_keys import TestKeys
 
 # Real servers on loopback that tests configure: a DNS server, SMTP servers, Redis servers,
-# HTTPS servers of MTA-STS policies.
+# HTTPS servers of MTA-STS policies, an IMAP and POP3 server.
 pytest_plugins = [
     "tests.servers.dns",
     "tests.servers.smtp",
     "tests.servers.redis",
     "tests.servers.https",
     "tests.servers.esp",
+    "tests.servers.dovecot",
 ]
 
 VENDOR = {"django.db.backends.postgresql": "postgresql", "django.db.backends.sqlite3": "sqlite"}.get(

@@ -211,3 +211,48 @@ def test_the_list_says_when_the_workers_do_not_use_it(operator, settings):
     settings.BUMAIL_QUEUE = {**settings.BUMAIL_QUEUE, "SUPPRESSION": False}
 
     assert "SUPPRESSION is False" in text_of(operator.get(LIST))
+
+
+def test_the_list_shows_each_entrys_scope_and_filters_by_scope_and_reason(operator):
+    bounced("gone@example.org", days_ago=2)
+    queue.suppress("ann@example.org", scope="channel:newsletter", reason=SuppressionReason.UNSUBSCRIBED)
+    queue.suppress("bob@example.org", note="asked by phone")
+
+    everything = operator.get(LIST)
+    rows = re.findall(r'<tr data-address="([^"]+)" data-scope="([^"]*)"', everything.content.decode())
+    assert rows == [("bob@example.org", ""), ("ann@example.org", "channel:newsletter"), ("gone@example.org", "")]
+    assert "3 addresses suppressed" in text_of(everything)
+
+    assert listed(operator.get(LIST, {"scope": "channel:newsletter"})) == ["ann@example.org"]
+    assert listed(operator.get(LIST, {"scope": "global"})) == ["bob@example.org", "gone@example.org"]
+    assert listed(operator.get(LIST, {"reason": "unsubscribed"})) == ["ann@example.org"]
+    assert listed(operator.get(LIST, {"reason": "failed", "scope": "global"})) == ["gone@example.org"]
+    nothing = operator.get(LIST, {"reason": "complained"})
+    assert listed(nothing) == [] and "No suppressed address matches." in text_of(nothing)
+    # A filter that is none shows everything rather than failing.
+    assert len(listed(operator.get(LIST, {"reason": "nonsense", "scope": "bad scope"}))) == 3
+
+
+def test_an_operator_removes_a_channel_entry_and_keeps_the_global_one(operator):
+    bounced("ann@example.org")
+    queue.suppress("ann@example.org", scope="channel:newsletter", reason=SuppressionReason.UNSUBSCRIBED)
+
+    response = operator.post(
+        LIST, {"action": "remove", "_selected_action": ["channel:newsletter|ann@example.org"]}, follow=True
+    )
+
+    assert messages_of(response) == ["1 address removed."]
+    assert [entry.scope for entry in queue.suppressions_for("ann@example.org")] == [""]
+
+
+def test_an_operator_suppresses_an_address_for_one_channel(operator):
+    response = operator.post(ADD, {"address": "ann@example.org", "channel": "newsletter"}, follow=True)
+
+    assert response.status_code == 200
+    (entry,) = queue.suppressions_for("ann@example.org")
+    assert (entry.scope, entry.reason) == ("channel:newsletter", SuppressionReason.MANUAL)
+    assert queue.suppressed(["ann@example.org"]) == {}
+    assert queue.suppressed(["ann@example.org"], channel="newsletter") == {"ann@example.org": entry}
+    refused = operator.post(ADD, {"address": "bob@example.org", "channel": "no spaces"})
+    assert "'channel' must be a name of 1 to 64 ASCII letters" in text_of(refused)
+    assert queue.suppressions_for("bob@example.org") == []

@@ -89,6 +89,7 @@ def test_list_of_an_empty_list_and_as_json(store_name):
         "entries": [
             {
                 "address": "gone@example.org",
+                "scope": "",
                 "reason": "failed",
                 "reply": {"code": 550, "status": "5.1.1", "text": "5.1.1 User unknown"},
                 "created_at": entry.created_at.isoformat(),
@@ -201,7 +202,7 @@ def test_export_then_import_brings_the_list_back_with_its_reasons_replies_and_ti
     gone = bounced("gone@example.org", minutes_ago=5)
     note = queue.suppress("Ann@Example.org", note='asked us to stop, "twice"\nby phone')
     lines, _ = run("export")
-    assert lines[0] == "address,reason,created_at,expires_at,reply_code,reply_status,reply_text"
+    assert lines[0] == "address,reason,created_at,expires_at,reply_code,reply_status,reply_text,scope"
     exported = tmp_path / "list.csv"
     exported.write_text("\n".join(lines) + "\n", encoding="utf-8")
     queue.unsuppress(["gone@example.org", "Ann@example.org"])
@@ -247,3 +248,66 @@ def test_import_needs_one_file(store_name):
         run("import")
     with pytest.raises(CommandError, match=r"Cannot read /nonexistent/list.csv"):
         run("import", "/nonexistent/list.csv")
+
+
+def test_a_channel_scope_is_added_listed_and_removed_apart_from_all_mail(store_name):
+    bounced("ann@example.org", minutes_ago=1)
+
+    lines, _ = run("add", "ann@example.org", "--channel", "newsletter", "--note", "asked")
+    (left,) = [e for e in queue.suppressions_for("ann@example.org") if e.scope]
+    assert lines == [f"Suppressed ann@example.org for channel:newsletter until {left.expires_at:%Y-%m-%d %H:%M UTC}."]
+
+    listed, _ = run("list", "--channel", "newsletter")
+    assert listed == [
+        f"ann@example.org  channel:newsletter  manual  since {left.created_at:%Y-%m-%d %H:%M} "
+        f"until {left.expires_at:%Y-%m-%d %H:%M UTC}  asked"
+    ]
+    assert [line.split()[1] for line in run("list", "--reason", "failed")[0]] == ["failed"]
+
+    assert run("remove", "ann@example.org", "--channel", "newsletter")[0] == [
+        "Removed 1 address from the suppression list."
+    ]
+    assert [e.scope for e in queue.suppressions_for("ann@example.org")] == [""]
+    with pytest.raises(CommandError, match="--channel must be a name"):
+        run("add", "ann@example.org", "--channel", "no spaces")
+
+
+def test_show_and_forget_cover_every_scope_of_an_address(store_name):
+    bounced("ann@example.org")
+    queue.suppress("ann@example.org", scope="channel:newsletter", reason=SuppressionReason.UNSUBSCRIBED)
+    queue.suppress("bob@example.org")
+
+    shown, _ = run("show", "ann@example.org", "nobody@example.org")
+    assert [line.split("  ")[:3] for line in shown[:2]] == [
+        ["ann@example.org", "failed", shown[0].split("  ")[2]],
+        ["ann@example.org", "channel:newsletter", "unsubscribed"],
+    ]
+    assert shown[2] == "nobody@example.org is not suppressed."
+    as_json = json.loads("\n".join(run("show", "ann@example.org", "--json")[0]))
+    assert [entry["scope"] for entry in as_json["ann@example.org"]] == ["", "channel:newsletter"]
+
+    forgot, _ = run("forget", "ann@example.org", "nobody@example.org")
+    assert forgot == [
+        "Forgot ann@example.org: 2 entries (all mail, channel:newsletter).",
+        "Forgot nobody@example.org: 0 entries.",
+    ]
+    assert queue.suppressions_for("ann@example.org") == []
+    assert [e.address for e in queue.search_suppressions()] == ["bob@example.org"]
+
+
+def test_export_keeps_scopes_and_an_export_without_them_imports_as_all_mail(store_name, tmp_path):
+    queue.suppress("ann@example.org", scope="channel:newsletter", reason=SuppressionReason.UNSUBSCRIBED)
+    lines, _ = run("export")
+    assert lines[1].startswith("ann@example.org,unsubscribed,") and lines[1].endswith(",channel:newsletter")
+    (tmp_path / "scoped.csv").write_text("\n".join(lines) + "\n")
+    queue.forget_suppressions("ann@example.org")
+    run("import", str(tmp_path / "scoped.csv"))
+    assert [e.scope for e in queue.suppressions_for("ann@example.org")] == ["channel:newsletter"]
+
+    later = (timezone.now() + timedelta(days=3)).isoformat()
+    (tmp_path / "old.csv").write_text(
+        "address,reason,created_at,expires_at,reply_code,reply_status,reply_text\n"
+        f"bob@example.org,manual,{timezone.now().isoformat()},{later},,,from before scopes\n"
+    )
+    assert run("import", str(tmp_path / "old.csv"))[0] == ["Imported 1 entry."]
+    assert [e.scope for e in queue.suppressions_for("bob@example.org")] == [""]

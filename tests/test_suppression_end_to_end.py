@@ -20,10 +20,11 @@ from django.db import connections
 from django.test import override_settings
 
 from bumail_queue.delivery.smtp import SMTPTransport
+from bumail_queue.items import Reply
 from bumail_queue.models import DeliveryLog
 from bumail_queue.service import QueueService
 from bumail_queue.stores import get_store
-from bumail_queue.suppression import SuppressionReason
+from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionReason
 from bumail_queue.worker import Worker
 from tests.helpers import signals_told, wait_until
 from tests.servers.dns import DNSZone
@@ -83,9 +84,9 @@ def routed(recipients_server, senders_server, store_settings, **extra):
     }
 
 
-def send(clock, *recipients, subject="Hello"):
+def send(clock, *recipients, subject="Hello", channel="default"):
     message = f"From: {SENDER}\r\nTo: {', '.join(recipients)}\r\nSubject: {subject}\r\n\r\nHi.\r\n".encode()
-    return QueueService(clock=clock).enqueue(message, sender=SENDER, recipients=list(recipients))
+    return QueueService(clock=clock).enqueue(message, sender=SENDER, recipients=list(recipients), channel=channel)
 
 
 def deliver_at(clock, now):
@@ -229,9 +230,26 @@ def test_an_entry_stops_suppressing_when_it_expires(servers, store_settings):
     assert rcpts(recipients_server) == [GONE, GONE]
 
 
+def suppressed_meanwhile(smtp, write):
+    """A transport that runs ``write`` as each session starts, then delivers."""
+
+    class SuppressedMeanwhile:
+        def deliver(self, envelope, *, route, hosts):
+            write()
+            return smtp.deliver(envelope, route=route, hosts=hosts)
+
+        def close_idle(self):
+            smtp.close_idle()
+
+        def close(self):
+            smtp.close()
+
+    return SuppressedMeanwhile()
+
+
 def test_a_delivery_takes_its_address_off_the_list(servers, store_settings, caplog):
-    # An address suppressed while mail to it was on its way (here by an operator, in the
-    # moment the session starts): the server takes it, so the mailbox exists.
+    # An address suppressed while mail to it was on its way (here by another message's
+    # 5.1.1, in the moment the session starts): the server takes it, so the mailbox exists.
     recipients_server, senders_server = servers
     recipients_server.rcpt_replies = {}
     clock = Clock()
@@ -241,20 +259,19 @@ def test_a_delivery_takes_its_address_off_the_list(servers, store_settings, capl
         worker = Worker(clock=clock)
         smtp = worker.transport
 
-        class SuppressedMeanwhile:
-            def deliver(self, envelope, *, route, hosts):
-                queue.suppress(GONE, note="bounced elsewhere")
-                assert queue.suppressed([GONE])
-                return smtp.deliver(envelope, route=route, hosts=hosts)
-
-            def close_idle(self):
-                smtp.close_idle()
-
-            def close(self):
-                smtp.close()
+        def failed_elsewhere():
+            entry = Suppression(
+                address=GONE,
+                reason=SuppressionReason.FAILED,
+                reply=Reply(code=550, status="5.1.1", text=NO_SUCH_USER),
+                created_at=clock.now,
+                expires_at=clock.now + timedelta(days=30),
+            )
+            get_store().update_suppressions(SuppressionChange(add=(entry,)), now=clock.now)
+            assert queue.suppressed([GONE])
 
         assert isinstance(smtp, SMTPTransport)
-        worker.transport = SuppressedMeanwhile()
+        worker.transport = suppressed_meanwhile(smtp, failed_elsewhere)
         with caplog.at_level(logging.INFO, logger="bumail_queue.worker"):
             stats = worker.run_until_idle()
 
@@ -262,6 +279,27 @@ def test_a_delivery_takes_its_address_off_the_list(servers, store_settings, capl
         assert queue.suppressed([GONE]) == {}
         assert queue.count_suppressions() == 0
     assert f"unsuppressed address={GONE} after a delivery" in caplog.text
+
+
+@pytest.mark.parametrize("reason", [SuppressionReason.BOUNCED, SuppressionReason.MANUAL])
+def test_a_delivery_keeps_a_bounce_or_an_operators_entry_written_meanwhile(servers, store_settings, reason):
+    # Behind a smarthost, a bounce of this very message can be read back before the
+    # recorder writes its delivery: the delivery must not take the bounce off. Nor does
+    # it undo an operator who suppressed the address while the session ran.
+    recipients_server, senders_server = servers
+    recipients_server.rcpt_replies = {}
+    clock = Clock()
+    with override_settings(BUMAIL_QUEUE=routed(recipients_server, senders_server, store_settings)):
+        queue = QueueService(clock=clock)
+        item = send(clock, GONE)
+        worker = Worker(clock=clock)
+        worker.transport = suppressed_meanwhile(
+            worker.transport, lambda: queue.suppress(GONE, note="returned", reason=reason)
+        )
+        stats = worker.run_until_idle()
+
+        assert stats.delivered == 1 and queue.get(item.id) is None
+        assert [entry.reason for entry in queue.suppressed([GONE]).values()] == [reason]
 
 
 MAX_AGE_1_DAY = {"MAX_AGE": timedelta(days=1), "DELAY_WARNING": timedelta(days=2), "RETRY_JITTER": 0}
@@ -397,19 +435,43 @@ def test_the_store_lookup_is_one_per_claim(servers, store_settings):
     with override_settings(BUMAIL_QUEUE=routed(recipients_server, senders_server, store_settings)):
         for n in range(7):
             send(clock, f"r{n}@mail.example", f"s{n}@mail.example")
+        send(clock, "n0@mail.example", channel="newsletter")
         store = get_store()
         asked = []
-        lookup = store.suppressions_of
+        lookup = store.suppression_entries
 
-        def counted(addresses, *, now):
+        def counted(addresses, *, now, scopes):
             addresses = list(addresses)
-            asked.append(addresses)
-            return lookup(addresses, now=now)
+            asked.append((len(addresses), scopes))
+            return lookup(addresses, now=now, scopes=scopes)
 
-        store.suppressions_of = counted
+        store.suppression_entries = counted
         try:
-            assert deliver_at(clock, T0).delivered == 14
+            assert deliver_at(clock, T0).delivered == 15
         finally:
-            del store.suppressions_of
-    # One claim of the seven items, one lookup of their fourteen recipients.
-    assert [len(batch) for batch in asked] == [14]
+            del store.suppression_entries
+    # One claim of the eight items, one lookup of their fifteen recipients in the
+    # scopes of their channels.
+    assert asked == [(15, ["", "channel:default", "channel:newsletter"])]
+
+
+def test_a_channel_entry_fails_that_channels_mail_and_lets_the_rest_go(servers, store_settings, told):
+    recipients_server, senders_server = servers
+    clock = Clock()
+    with override_settings(BUMAIL_QUEUE=routed(recipients_server, senders_server, store_settings)):
+        queue = QueueService(clock=clock)
+        queue.suppress("ann@mail.example", scope="channel:newsletter", reason=SuppressionReason.UNSUBSCRIBED)
+        news = send(clock, "ann@mail.example", "bob@mail.example", subject="News", channel="newsletter")
+        receipt = send(clock, "ann@mail.example", subject="Your receipt")
+
+        stats = deliver_at(clock, T0)
+
+        # Bob's news, Ann's receipt, and the DSN that tells the sender of Ann's news.
+        assert (stats.delivered, stats.failed) == (3, 1)
+        assert queue.get(news.id) is None and queue.get(receipt.id) is None
+        # A delivery in another channel proves the mailbox, not a wish to hear again.
+        assert [e.scope for e in queue.suppressions_for("ann@mail.example")] == ["channel:newsletter"]
+    assert sorted(rcpts(recipients_server)) == ["ann@mail.example", "bob@mail.example"]
+    failed = [kwargs for name, kwargs in told if name == "failed"]
+    assert [(f["item_id"], f["recipient"]) for f in failed] == [(news.id, "ann@mail.example")]
+    assert "its recipient unsubscribed" in report_text(dsns(senders_server)[0])

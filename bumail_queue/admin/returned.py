@@ -33,7 +33,7 @@ class ReturnedMailAdmin(SecurePages, ReturnedMailAdminBase):
     list_display = ("received_at", "sender", "subject", "recipients")
     search_fields = ("sender", "subject", "recipients")
     list_per_page = 100
-    readonly_fields = ("received_at", "recipients", "sender", "subject", "text", "download")
+    readonly_fields = ("received_at", "recipients", "sender", "subject", "note", "text", "download")
     fields = readonly_fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ReturnedMail]:

@@ -26,6 +26,7 @@ from .routes import ROUTE_TYPES, TLS_MODES, Route
 from .schema import load, validate
 from .shaping import shaping_pattern
 from .tasks import DEFAULT_TASK_CLAIM_SECONDS, TASK_FRAMEWORKS, TaskSettings, task_framework
+from .unsubscribe import DEFAULT_UNSUBSCRIBE_DURATION, ChannelUnsubscribe
 from .validator import Problem
 from .values import QueueSettings, Timeouts
 
@@ -34,6 +35,7 @@ __all__ = [
     "DEFAULTS",
     "DEFAULT_TASK_CLAIM_SECONDS",
     "DEFAULT_TIMEOUTS",
+    "DEFAULT_UNSUBSCRIBE_DURATION",
     "DKIM_ALGORITHMS",
     "MAX_METRICS_DOMAINS",
     "MIN_METRICS_TOKEN",
@@ -42,6 +44,7 @@ __all__ = [
     "SETTING_NAME",
     "TASK_FRAMEWORKS",
     "TLS_MODES",
+    "ChannelUnsubscribe",
     "DKIMSigner",
     "Problem",
     "QueueSettings",

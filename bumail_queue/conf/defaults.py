@@ -21,10 +21,16 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "RETURN_PATH": None,
     # Addresses queue_inbound also takes mail to: a feedback loop's, an abuse box.
     "FEEDBACK_ADDRESSES": [],
+    # Mailboxes queue_inbound --imap/--pop3 fetches returned mail from, each URL (no
+    # password) to {"PASSWORD", "AFTER": "delete"|"move", "MOVE_TO", "CA_FILE"}.
+    "INBOUND_MAILBOXES": {},
     "ROUTES": {},
     # Per channel: {"newsletter": <route>}, for all of a channel's mail but the domains
     # ROUTES names.
     "CHANNEL_ROUTES": {},
+    # Per channel: {"newsletter": {"URL": "https://.../mail/unsubscribe/", "DURATION": ...}}:
+    # its mail gets one-click List-Unsubscribe (RFC 8058) for each recipient.
+    "UNSUBSCRIBE": {},
     "MX_PORT": 25,
     "DNS_NAMESERVERS": None,
     "CONCURRENCY": 20,

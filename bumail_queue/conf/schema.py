@@ -18,12 +18,14 @@ from bumail_queue.items import check_priority
 
 from .defaults import BUILTIN_STORES, DEFAULT_TIMEOUTS, DEFAULTS, MAX_TIMEOUT_SECONDS
 from .dkim import check_dkim, dkim_from
+from .mailboxes import check_mailboxes, mailboxes_from
 from .monitoring import check_metrics, check_suppression
 from .mta_sts import check_mta_sts
 from .names import HOSTNAME, effective_hostname, normalise_domain, parse_nameserver, parse_network
 from .routes import check_routes, routes_from
 from .shaping import check_shaping, shaping_from
 from .tasks import task_problems, tasks_from
+from .unsubscribe import check_unsubscribe, unsubscribe_from
 from .validator import Problem, Validator, as_timedelta
 from .values import QueueSettings, Timeouts
 
@@ -49,10 +51,12 @@ def validate(raw: Any) -> list[Problem]:
     _check_sessions(check, raw)
     _check_reports(check, raw)
     _check_return_path(check, raw)
+    check_mailboxes(check, raw)
     for problem in task_problems(raw.get("TASKS")):
         check.add("bumail_queue.E025", "TASKS", f"BUMAIL_QUEUE['TASKS'] {problem}.")
     check_metrics(check, raw)
     check_suppression(check, raw)
+    check_unsubscribe(check, raw)
     check_shaping(check, raw.get("SHAPING", DEFAULTS["SHAPING"]))
     return check.problems
 
@@ -339,6 +343,8 @@ def load(raw: Any) -> QueueSettings:
         else as_timedelta(values["SUPPRESSION_EXPIRY_WINDOW"]),
         suppression_dsn=values["SUPPRESSION_DSN"],
         shaping=shaping_from(values["SHAPING"]),
+        unsubscribe=unsubscribe_from(values["UNSUBSCRIBE"]),
         return_path=values["RETURN_PATH"],
         feedback_addresses=frozenset(ascii_lower(normal_address(a)) for a in values["FEEDBACK_ADDRESSES"]),
+        inbound_mailboxes=mailboxes_from(values),
     )

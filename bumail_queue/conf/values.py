@@ -10,9 +10,11 @@ from datetime import timedelta
 from bumail_queue.shaping import Limits
 
 from .dkim import DKIMSigner
+from .mailboxes import InboundMailbox
 from .names import normalise_domain
 from .routes import Route
 from .tasks import TaskSettings
+from .unsubscribe import ChannelUnsubscribe
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -77,10 +79,13 @@ class QueueSettings:
     suppression_dsn: bool
     return_path: str | None = None  # RETURN_PATH, with its {token}
     feedback_addresses: frozenset[str] = frozenset()  # FEEDBACK_ADDRESSES, normal form, ASCII-lowercase
+    # INBOUND_MAILBOXES, by URL; repr=False: each holds a password.
+    inbound_mailboxes: Mapping[str, InboundMailbox] = dataclasses.field(default_factory=dict, repr=False)
     tasks: TaskSettings | None = None
     metrics_domains: frozenset[str] = frozenset()
     metrics_token: str | None = dataclasses.field(default=None, repr=False)
     shaping: Mapping[str, Limits] = dataclasses.field(default_factory=dict)
+    unsubscribe: Mapping[str, ChannelUnsubscribe] = dataclasses.field(default_factory=dict)  # UNSUBSCRIBE, by channel
 
     @property
     def lease(self) -> timedelta:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -120,3 +121,51 @@ async def serve(
         finally:
             server.close()
             await server.wait_closed()
+
+
+class Listener:
+    """The listener on a thread of its own, as ``queue_worker --inbound`` runs it beside
+    the worker: started by ``start()``, which returns once it listens (or raises the
+    ``OSError`` of its socket), and stopped by ``close()``."""
+
+    def __init__(self, *, settings: QueueSettings, process: Process, host: str, port: int, lmtp: bool) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        self._started: concurrent.futures.Future[tuple[str, int]] = concurrent.futures.Future()
+        self._settings, self._process, self._host, self._port, self._lmtp = settings, process, host, port, lmtp
+        self._thread = threading.Thread(target=self._run, name="bumail-queue-inbound-listener", daemon=True)
+
+    def start(self) -> tuple[str, int]:
+        """Start listening; return the host and port listened on."""
+        self._thread.start()
+        return self._started.result()
+
+    def close(self) -> None:
+        """Stop listening; a message being processed is finished first."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join()
+
+    def _run(self) -> None:
+        def ready(address: Sequence[Any]) -> None:
+            self._started.set_result((str(address[0]), int(address[1])))
+
+        try:
+            self._loop.run_until_complete(
+                serve(
+                    settings=self._settings,
+                    process=self._process,
+                    host=self._host,
+                    port=self._port,
+                    lmtp=self._lmtp,
+                    stop=self._stop,
+                    ready=ready,
+                )
+            )
+        except BaseException as error:
+            if not self._started.done():
+                self._started.set_exception(error)
+            else:
+                logger.exception("the inbound listener stopped")
+        finally:
+            self._loop.close()

@@ -108,7 +108,9 @@ def record(
                 signals.complained, item_id=event.item_id, recipient=event.recipient, feedback_type=feedback_type
             )
         elif event.kind == "unsubscribe":
-            signals.send(signals.unsubscribed, item_id=event.item_id, recipient=event.recipient, source=source)
+            signals.send(
+                signals.unsubscribed, item_id=event.item_id, recipient=event.recipient, source=source, channel=None
+            )
 
 
 # -- whose is it ------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import re
 from datetime import date, timedelta
 
@@ -87,3 +88,17 @@ def iso_date(value: str) -> date:
         return date.fromisoformat(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a day written YYYY-MM-DD") from None
+
+
+def host_and_port(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:2526`` for IPv6), the port from 0 (any free one) to 65535."""
+    host, colon, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not colon or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT, such as 127.0.0.1:2526")
+    return host, int(port)
+
+
+def listen_error(error: OSError) -> str:
+    """Why a socket could not listen, in the system's words (asyncio wraps them in its own)."""
+    return os.strerror(error.errno) if error.errno else str(error)

@@ -65,7 +65,14 @@ from bumail_queue.queries import (
 )
 from bumail_queue.shaping import DestinationState, Permit, PermitRequest, WindowChange
 from bumail_queue.sts import STSFailure, STSPolicy, TLSSessionCount
-from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate
+from bumail_queue.suppression import (
+    GLOBAL_SCOPE,
+    Suppression,
+    SuppressionChange,
+    SuppressionReason,
+    SuppressionUpdate,
+    require_scope,
+)
 from bumail_queue.text import is_keepable, require_keepable
 
 #: How many bytes of each message ``read_message_heads`` returns unless told.
@@ -359,13 +366,30 @@ class QueueStore(abc.ABC):
 
     # -- the suppression list ---------------------------------------------------------
 
-    @abc.abstractmethod
-    def suppressions_of(self, addresses: Iterable[str], *, now: datetime) -> dict[str, Suppression]:
-        """Return the entries in force at ``now`` for those of ``addresses`` on the list.
+    def suppressions_of(
+        self, addresses: Iterable[str], *, now: datetime, scopes: Sequence[str] = (GLOBAL_SCOPE,)
+    ) -> dict[str, Suppression]:
+        """Return the entry in force at ``now`` for each of ``addresses`` on the list in
+        one of ``scopes`` (the first of them, where it has entries in several).
 
         Keyed by each address as given; an address not on the list (or whose entry
-        expired) is left out. One round trip for the whole batch: the worker asks
-        once per claim.
+        expired) is left out. One round trip for the whole batch.
+        """
+        rank = {scope: n for n, scope in enumerate(scopes)}
+        found: dict[str, Suppression] = {}
+        for address, entries in self.suppression_entries(addresses, now=now, scopes=scopes).items():
+            found[address] = min(entries, key=lambda entry: rank[entry.scope])
+        return found
+
+    @abc.abstractmethod
+    def suppression_entries(
+        self, addresses: Iterable[str], *, now: datetime, scopes: Sequence[str] | None = None
+    ) -> dict[str, builtins.list[Suppression]]:
+        """Return the entries in force at ``now`` of each of ``addresses`` in ``scopes``
+        (``None``: in every scope), keyed by each address as given.
+
+        One round trip for the whole batch: the worker asks once per claim, with the
+        scopes of its items' channels.
         """
 
     @abc.abstractmethod
@@ -380,12 +404,20 @@ class QueueStore(abc.ABC):
 
     @abc.abstractmethod
     def search_suppressions(
-        self, *, now: datetime, text: str | None = None, offset: int = 0, limit: int = 100
+        self,
+        *,
+        now: datetime,
+        text: str | None = None,
+        scope: str | None = None,
+        reason: SuppressionReason | None = None,
+        offset: int = 0,
+        limit: int = 100,
     ) -> builtins.list[Suppression]:
         """Return a page of the entries in force at ``now``, the newest first.
 
         With ``text``, only those whose address holds it (``suppression.search_form``,
-        ASCII letters compared without case); ``offset`` and ``limit`` count those alone.
+        ASCII letters compared without case); with ``scope`` or ``reason``, only those
+        of it. ``offset`` and ``limit`` count those alone.
         """
 
     @abc.abstractmethod
@@ -403,8 +435,14 @@ class QueueStore(abc.ABC):
             require_keepable(entry.address, "suppressed address")
             require_keepable(entry.reply.text, "reply text")
             require_keepable(entry.reply.status, "reply status")
-        for address in change.clear:
+            require_scope(entry.scope)
+        for entry in change.expired:
+            if entry.scope != GLOBAL_SCOPE:
+                raise QueueError(ErrorCode.INVALID, "An expiry is noted in the global scope alone.")
+        for address in (*change.clear, *(address for address, _ in change.clear_scoped)):
             require_keepable(address, "suppressed address")
+        for _, scope in change.clear_scoped:
+            require_scope(scope)
 
     def _scan(self, chunk: int = 1000) -> Iterator[QueueItem]:
         offset = 0

@@ -17,7 +17,16 @@ from bumail_queue.items import AttemptResult, NewItem, QueueItem, fair_order
 from bumail_queue.queries import SEARCH_HEAD_BYTES, ItemQuery, QueueGauges, gauges_of, headers_contain, lane_order
 from bumail_queue.shaping import Bucket, DestinationState, Permit, PermitRequest, WindowChange, seconds
 from bumail_queue.sts import STSFailure, STSPolicy, TLSSessionCount
-from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate, address_holds, search_form
+from bumail_queue.suppression import (
+    DISPROVED_BY_DELIVERY,
+    GLOBAL_SCOPE,
+    Suppression,
+    SuppressionChange,
+    SuppressionReason,
+    SuppressionUpdate,
+    address_holds,
+    search_form,
+)
 
 from .base import MESSAGE_HEAD_BYTES, QueueStore
 
@@ -47,8 +56,8 @@ class MemoryStore(QueueStore):
         self._sts_policies: dict[str, STSPolicy] = {}
         self._sts_failures: dict[str, STSFailure] = {}
         self._tls_counts: dict[tuple[Any, ...], TLSSessionCount] = {}
-        # The suppression list by normal address, and the notes of a first expiry (until when).
-        self._suppressed: dict[str, Suppression] = {}
+        # The suppression list by normal address and scope, and the notes of a first expiry (until when).
+        self._suppressed: dict[tuple[str, str], Suppression] = {}
         self._expiry_notes: dict[str, datetime] = {}
 
     @staticmethod
@@ -294,13 +303,20 @@ class MemoryStore(QueueStore):
 
     # -- the suppression list ---------------------------------------------------------
 
-    def suppressions_of(self, addresses: Iterable[str], *, now: datetime) -> dict[str, Suppression]:
+    def suppression_entries(
+        self, addresses: Iterable[str], *, now: datetime, scopes: Sequence[str] | None = None
+    ) -> dict[str, builtins.list[Suppression]]:
         with self._lock:
-            found = {}
+            found: dict[str, builtins.list[Suppression]] = {}
             for address in addresses:
-                entry = self._suppressed.get(normal_address(address))
-                if entry is not None and entry.is_in_force(now):
-                    found[address] = entry
+                key = normal_address(address)
+                if scopes is None:
+                    kept = [entry for (at, _), entry in self._suppressed.items() if at == key]
+                else:
+                    kept = [entry for scope in scopes if (entry := self._suppressed.get((key, scope))) is not None]
+                entries = [entry for entry in kept if entry.is_in_force(now)]
+                if entries:
+                    found[address] = entries
             return found
 
     def update_suppressions(self, change: SuppressionChange, *, now: datetime) -> SuppressionUpdate:
@@ -308,7 +324,7 @@ class MemoryStore(QueueStore):
         with self._lock:
             written = list(change.add)
             for entry in change.expired:
-                current = self._suppressed.get(entry.address)
+                current = self._suppressed.get((entry.address, GLOBAL_SCOPE))
                 if current is not None and current.is_in_force(now):
                     continue  # suppressed already: the expiry changes nothing
                 noted = self._expiry_notes.pop(entry.address, None)
@@ -317,27 +333,46 @@ class MemoryStore(QueueStore):
                 elif change.note_until is not None:
                     self._expiry_notes[entry.address] = change.note_until
             for entry in written:
-                self._suppressed[entry.address] = entry
-                self._expiry_notes.pop(entry.address, None)
+                self._suppressed[(entry.address, entry.scope)] = entry
+                if entry.scope == GLOBAL_SCOPE:
+                    self._expiry_notes.pop(entry.address, None)
             removed = []
             for address in change.clear:
                 self._expiry_notes.pop(address, None)
-                dropped = self._suppressed.pop(address, None)
+                found = self._suppressed.get((address, GLOBAL_SCOPE))
+                if found is not None and found.reason in DISPROVED_BY_DELIVERY:
+                    del self._suppressed[(address, GLOBAL_SCOPE)]
+                    if found.is_in_force(now):
+                        removed.append(address)
+            for address, scope in change.clear_scoped:
+                if scope == GLOBAL_SCOPE:
+                    self._expiry_notes.pop(address, None)
+                dropped = self._suppressed.pop((address, scope), None)
                 if dropped is not None and dropped.is_in_force(now):
                     removed.append(address)
             return SuppressionUpdate(suppressed=tuple(written), removed=tuple(removed))
 
     def search_suppressions(
-        self, *, now: datetime, text: str | None = None, offset: int = 0, limit: int = 100
+        self,
+        *,
+        now: datetime,
+        text: str | None = None,
+        scope: str | None = None,
+        reason: SuppressionReason | None = None,
+        offset: int = 0,
+        limit: int = 100,
     ) -> builtins.list[Suppression]:
         wanted = None if text is None else search_form(text)
         with self._lock:
             matched = [
                 entry
                 for entry in self._suppressed.values()
-                if entry.is_in_force(now) and (wanted is None or address_holds(entry.address, wanted))
+                if entry.is_in_force(now)
+                and (wanted is None or address_holds(entry.address, wanted))
+                and (scope is None or entry.scope == scope)
+                and (reason is None or entry.reason == reason)
             ]
-        matched.sort(key=lambda entry: (entry.created_at, entry.address), reverse=True)
+        matched.sort(key=lambda entry: (entry.created_at, entry.address, entry.scope), reverse=True)
         return matched[offset : offset + limit]
 
     def count_suppressions(self, *, now: datetime) -> int:
@@ -346,9 +381,9 @@ class MemoryStore(QueueStore):
 
     def purge_suppressions(self, *, now: datetime) -> int:
         with self._lock:
-            gone = [address for address, entry in self._suppressed.items() if not entry.is_in_force(now)]
-            for address in gone:
-                del self._suppressed[address]
+            gone = [key for key, entry in self._suppressed.items() if not entry.is_in_force(now)]
+            for key in gone:
+                del self._suppressed[key]
             for address in [a for a, until in self._expiry_notes.items() if until <= now]:
                 del self._expiry_notes[address]
             return len(gone)

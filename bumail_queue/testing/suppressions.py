@@ -15,7 +15,7 @@ from django.db import connections
 from bumail_queue.errors import QueueError
 from bumail_queue.items import Reply
 from bumail_queue.stores.base import QueueStore
-from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionReason
+from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionReason, scopes_of
 from bumail_queue.testing.values import (
     EXPIRED,
     SUPPRESSED_FOR,
@@ -83,6 +83,30 @@ class SuppressionsContract:
         )
         assert (done.suppressed, sorted(done.removed)) == ((), ["a@example.org"])
         assert store.suppressions_of(["a@example.org", "b@example.org"], now=T0) == {}
+
+    def test_a_delivery_takes_off_only_the_entries_it_disproves(self, store: QueueStore) -> None:
+        disproved = [
+            suppression("failed@example.org"),
+            suppression("expired@example.org", reason=SuppressionReason.EXPIRED, reply=EXPIRED),
+        ]
+        kept = [
+            suppression(f"{reason.value}@example.org", reason=reason)
+            for reason in (
+                SuppressionReason.BOUNCED,
+                SuppressionReason.COMPLAINED,
+                SuppressionReason.UNSUBSCRIBED,
+                SuppressionReason.MANUAL,
+            )
+        ]
+        self._suppress(store, *disproved, *kept)
+        delivered = tuple(entry.address for entry in (*disproved, *kept))
+        done = store.update_suppressions(SuppressionChange(clear=delivered), now=T0)
+        assert sorted(done.removed) == ["expired@example.org", "failed@example.org"]
+        assert store.suppressions_of(delivered, now=T0) == {entry.address: entry for entry in kept}
+        # An operator's removal takes any entry off.
+        operator = SuppressionChange(clear_scoped=tuple((entry.address, "") for entry in kept))
+        assert sorted(store.update_suppressions(operator, now=T0).removed) == sorted(e.address for e in kept)
+        assert store.count_suppressions(now=T0) == 0
 
     def test_a_second_expiry_while_the_note_lasts_suppresses(self, store: QueueStore) -> None:
         assert self._expire(store, "slow@example.org", T0) == ()
@@ -201,4 +225,98 @@ class SuppressionsContract:
             with pytest.raises(QueueError) as raised:
                 store.update_suppressions(SuppressionChange(add=(bad,)), now=T0)
             assert raised.value.code == "INVALID"
+        assert store.count_suppressions(now=T0) == 0
+
+    # -- scopes: an entry for all mail, or for one channel's ------------------------------
+
+    def test_a_channel_entry_suppresses_in_its_scope_alone(self, store: QueueStore) -> None:
+        left = suppression("ann@example.org", reason=SuppressionReason.UNSUBSCRIBED, scope="channel:newsletter")
+        self._suppress(store, left)
+        assert store.suppressions_of(["ann@example.org"], now=T0) == {}
+        assert store.suppressions_of(["ann@example.org"], now=T0, scopes=scopes_of("alerts")) == {}
+        found = store.suppressions_of(["ann@EXAMPLE.org", "ann@example.org"], now=T0, scopes=scopes_of("newsletter"))
+        assert found == {"ann@EXAMPLE.org": left, "ann@example.org": left}
+
+    def test_an_address_keeps_an_entry_per_scope_and_the_first_scope_asked_wins(self, store: QueueStore) -> None:
+        left = suppression("ann@example.org", reason=SuppressionReason.UNSUBSCRIBED, scope="channel:newsletter")
+        gone = suppression("ann@example.org", at=T0 + timedelta(seconds=1))
+        other = suppression("ann@example.org", reason=SuppressionReason.MANUAL, scope="tenant:acme")
+        self._suppress(store, left, gone, other)
+        at = T0 + timedelta(seconds=2)
+        assert store.suppressions_of(["ann@example.org"], now=at, scopes=scopes_of("newsletter")) == {
+            "ann@example.org": gone
+        }
+        assert store.suppressions_of(["ann@example.org"], now=at, scopes=("channel:newsletter", "")) == {
+            "ann@example.org": left
+        }
+        every = store.suppression_entries(["ann@example.org", "bob@example.org"], now=at)
+        assert sorted(every["ann@example.org"], key=lambda e: e.scope) == [gone, left, other]
+        assert builtins.list(every) == ["ann@example.org"]
+        assert store.count_suppressions(now=at) == 3
+        assert store.search_suppressions(now=at, text="ann") == [gone, other, left]
+
+    def test_a_delivery_clears_the_global_entry_and_leaves_a_channels(self, store: QueueStore) -> None:
+        left = suppression("ann@example.org", reason=SuppressionReason.UNSUBSCRIBED, scope="channel:newsletter")
+        gone = suppression("ann@example.org")
+        self._suppress(store, left, gone)
+        done = store.update_suppressions(SuppressionChange(clear=("ann@example.org",)), now=T0)
+        assert done.removed == ("ann@example.org",)
+        assert store.suppression_entries(["ann@example.org"], now=T0) == {"ann@example.org": [left]}
+        scoped = SuppressionChange(clear_scoped=(("ann@example.org", "channel:newsletter"), ("x@example.org", "")))
+        assert store.update_suppressions(scoped, now=T0).removed == ("ann@example.org",)
+        assert store.suppression_entries(["ann@example.org"], now=T0) == {}
+        assert store.count_suppressions(now=T0) == 0
+
+    def test_an_expiry_is_noted_globally_beside_a_channel_entry(self, store: QueueStore) -> None:
+        left = suppression("slow@example.org", reason=SuppressionReason.UNSUBSCRIBED, scope="channel:newsletter")
+        self._suppress(store, left)
+        assert self._expire(store, "slow@example.org", T0) == ()
+        (second,) = self._expire(store, "slow@example.org", T0 + timedelta(hours=1))
+        assert second.scope == ""
+        at = T0 + timedelta(hours=1)
+        assert store.suppressions_of(["slow@example.org"], now=at) == {"slow@example.org": second}
+        assert sorted(
+            store.suppression_entries(["slow@example.org"], now=at)["slow@example.org"], key=lambda e: e.scope
+        ) == [
+            second,
+            left,
+        ]
+
+    def test_a_search_filters_by_scope_and_reason(self, store: QueueStore) -> None:
+        entries = [
+            suppression("a@example.org", at=T0, reason=SuppressionReason.UNSUBSCRIBED, scope="channel:newsletter"),
+            suppression("b@example.org", at=T0 + timedelta(seconds=1), reason=SuppressionReason.COMPLAINED),
+            suppression("c@example.org", at=T0 + timedelta(seconds=2), reason=SuppressionReason.UNSUBSCRIBED),
+            suppression("d@example.org", at=T0 + timedelta(seconds=3), scope="channel:newsletter"),
+        ]
+        for entry in entries:
+            self._suppress(store, entry)
+        now = T0 + timedelta(seconds=4)
+
+        def found(**wanted: object) -> builtins.list[str]:
+            return [entry.address for entry in store.search_suppressions(now=now, **wanted)]  # type: ignore[arg-type]
+
+        assert found(scope="channel:newsletter") == ["d@example.org", "a@example.org"]
+        assert found(scope="") == ["c@example.org", "b@example.org"]
+        assert found(reason=SuppressionReason.UNSUBSCRIBED) == ["c@example.org", "a@example.org"]
+        assert found(scope="channel:newsletter", reason=SuppressionReason.UNSUBSCRIBED) == ["a@example.org"]
+        assert found(scope="channel:newsletter", offset=1, limit=5) == ["a@example.org"]
+        assert found(scope="channel:alerts") == []
+
+    def test_a_scoped_entry_expires_and_is_purged(self, store: QueueStore) -> None:
+        left = suppression("ann@example.org", scope="channel:newsletter", lasts=timedelta(days=1))
+        self._suppress(store, left)
+        after = T0 + timedelta(days=1)
+        assert store.suppression_entries(["ann@example.org"], now=after) == {}
+        assert store.purge_suppressions(now=after) == 1
+        assert store.suppression_entries(["ann@example.org"], now=T0) == {}
+
+    @pytest.mark.parametrize("scope", ["channel:", "newsletter", "channel:bad name", "tenant:a\nb", None])
+    def test_a_scope_that_is_none_is_invalid(self, store: QueueStore, scope: object) -> None:
+        bad = suppression("ann@example.org", scope=scope)  # type: ignore[arg-type]
+        with pytest.raises(QueueError) as raised:
+            store.update_suppressions(SuppressionChange(add=(bad,)), now=T0)
+        assert raised.value.code == "INVALID"
+        with pytest.raises(QueueError):
+            store.update_suppressions(SuppressionChange(clear_scoped=(("ann@example.org", scope),)), now=T0)  # type: ignore[arg-type]
         assert store.count_suppressions(now=T0) == 0

@@ -78,9 +78,10 @@ def suppression(
     reason: SuppressionReason = SuppressionReason.FAILED,
     reply: Reply = NO_SUCH_USER,
     lasts: timedelta = SUPPRESSED_FOR,
+    scope: str = "",
 ) -> Suppression:
     """Return an entry for ``address`` (in its normal form), made at ``at``."""
-    return Suppression(address=address, reason=reason, reply=reply, created_at=at, expires_at=at + lasts)
+    return Suppression(address=address, reason=reason, reply=reply, created_at=at, expires_at=at + lasts, scope=scope)
 
 
 def claim_one(store: QueueStore, owner: str = "w1", now: datetime = T0, lease: timedelta = LEASE) -> QueueItem | None:

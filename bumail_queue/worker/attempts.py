@@ -127,14 +127,16 @@ class Attempts(Followers):
         known (``None``: looked up when it is sent).
 
         With ``RETURN_PATH`` (VERP), a recipient of an SMTP route gets a transaction of
-        its own, from an envelope sender naming it: its destination's route and hosts
-        are looked up once for all of them, and a lookup that decides them (a DNS
-        failure) stands for each.
+        its own, from an envelope sender naming it; with ``UNSUBSCRIBE`` for the item's
+        channel, a recipient of any route gets one, its message starting with its own
+        ``List-Unsubscribe``. The destination's route and hosts are looked up once for
+        all of them, and a lookup that decides them (a DNS failure) stands for each.
         """
+        one_click = self._one_click(item)
         for destination, addresses in group_by_destination(pending, self.settings, item.channel).items():
             whole = Envelope(item_id=item.id, sender=item.sender, recipients=tuple(addresses), message=message)
             senders = self._verp_senders(item, destination, addresses)
-            if senders is None:
+            if senders is None and one_click is None:
                 yield destination, whole, path
                 continue
             found = path if path is not None else self._path_to(destination, whole)
@@ -142,7 +144,13 @@ class Attempts(Followers):
                 yield destination, whole, found
                 continue
             for address in addresses:
-                one = Envelope(item_id=item.id, sender=senders[address], recipients=(address,), message=message)
+                sender = item.sender if senders is None else senders[address]
+                one = Envelope(
+                    item_id=item.id,
+                    sender=sender,
+                    recipients=(address,),
+                    message=self._message_to(item, address, message, one_click),
+                )
                 yield destination, one, found
 
     def _held_attempt(

@@ -8,7 +8,8 @@ import time
 from collections.abc import Sequence
 from typing import cast
 
-from bumail_queue import verp
+from bumail_queue import list_unsubscribe, verp
+from bumail_queue.conf import ChannelUnsubscribe
 from bumail_queue.delivery.envelope import (
     Envelope,
     FollowingTransport,
@@ -48,8 +49,9 @@ class Followers(WorkerBase):
                 if list(group_by_destination(addresses, self.settings, item.channel)) != [destination]:
                     continue  # the same smarthost host and port, another route (user, TLS)
                 senders = self._verp_senders(item, destination, addresses)
-                if senders is not None and len(addresses) != 1:
-                    continue  # VERP: a transaction a recipient, of which only the first could follow
+                one_click = self._one_click(item)
+                if (senders is not None or one_click is not None) and len(addresses) != 1:
+                    continue  # VERP, UNSUBSCRIBE: a transaction a recipient, of which only the first could follow
                 del self._waiting[index]
                 del self._prefetched[item.id]
                 self._in_flight[item.id] = item
@@ -59,7 +61,8 @@ class Followers(WorkerBase):
                 handoff.follower = Follower(item=item, keys=keys, path=path, message=message)
                 self._wake_loop_if_needed()  # a follower leaves fewer waiting: claim again in time
                 sender = item.sender if senders is None else senders[addresses[0]]
-                return Envelope(item_id=item.id, sender=sender, recipients=tuple(addresses), message=message)
+                sent = self._message_to(item, addresses[0], message, one_click)  # as _sends() makes it
+                return Envelope(item_id=item.id, sender=sender, recipients=tuple(addresses), message=sent)
         return None
 
     def _verp_senders(
@@ -75,6 +78,22 @@ class Followers(WorkerBase):
         if any(sender is None for sender in senders.values()):
             return None  # an item id that is no UUID: the token would not fit
         return cast(dict[str, str], senders)
+
+    def _one_click(self, item: QueueItem) -> ChannelUnsubscribe | None:
+        """The ``UNSUBSCRIBE`` entry of ``item``'s channel, when each recipient's message
+        gets its own ``List-Unsubscribe``; ``None`` for another channel, and for a DSN
+        (the null sender's, which goes in the channel of the mail it reports on)."""
+        if item.sender in ("", "<>"):
+            return None
+        return self.settings.unsubscribe.get(item.channel)
+
+    @staticmethod
+    def _message_to(item: QueueItem, address: str, message: bytes, one_click: ChannelUnsubscribe | None) -> bytes:
+        """``message`` as it goes to ``address``: with its one-click ``List-Unsubscribe``
+        and ``List-Unsubscribe-Post`` first (signed by DKIM with the rest, on the wire)."""
+        if one_click is None:
+            return message
+        return list_unsubscribe.with_fields(message, list_unsubscribe.url_of(one_click.url, item.channel, address))
 
     def _following(self) -> FollowingTransport | None:
         """``transport``, if it can begin the next item's transaction with a message's

@@ -19,7 +19,7 @@ from bumail_queue.outcomes import (
     close_broken_connections,
     report_error,
 )
-from bumail_queue.suppression import Suppression
+from bumail_queue.suppression import Suppression, scopes_of
 from bumail_queue.threads import ThreadPool
 
 from .attempts import Attempts
@@ -175,15 +175,23 @@ class Worker(Attempts, Recording, Upkeep):
         if not self.settings.suppression or not claimed:
             return {}
         addresses = {r.address for item in claimed for r in item.pending_recipients}
+        scopes = {scope for item in claimed for scope in scopes_of(item.channel)}
         try:
-            found = self.store.suppressions_of(addresses, now=now)
+            found = self.store.suppression_entries(addresses, now=now, scopes=sorted(scopes))
         except QueueError as error:
             # The lesser harm is to deliver: a remote that refuses a dead mailbox says so again.
             report_error(error, None)
             return {}
         by_item = {}
         for item in claimed:
-            held = {r.address: found[r.address] for r in item.pending_recipients if r.address in found}
+            held = {}
+            for recipient in item.pending_recipients:
+                # The global entry first: it says more than a channel's.
+                entries = [
+                    e for scope in scopes_of(item.channel) for e in found.get(recipient.address, ()) if e.scope == scope
+                ]
+                if entries:
+                    held[recipient.address] = entries[0]
             if held:
                 by_item[item.id] = held
         return by_item

@@ -15,7 +15,7 @@ from bumail_queue.service import QueueService
 from bumail_queue.suppression import SuppressionReason
 from bumail_queue.verp import return_path
 from tests.feedback.test_parsing import ARF, POSTFIX_DSN, crlf
-from tests.helpers import read_all, start_command, wait_until
+from tests.helpers import read_all, start_command, start_worker, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -101,3 +101,43 @@ def test_returned_mail_to_a_return_path_or_a_feedback_address_is_read_and_acted_
         SuppressionReason.BOUNCED,
         SuppressionReason.COMPLAINED,
     )
+
+
+def test_the_worker_takes_returned_mail_itself_with_inbound(store_settings):
+    settings = {**SETTINGS, **store_settings}
+    process = start_worker(settings, "--inbound", "127.0.0.1:0")
+    lines, reader = read_all(process)
+    try:
+        assert wait_until(lambda: "inbound listening on" in "".join(lines), 30), "".join(lines)
+        port = int(re.search(r"inbound listening on lmtp://127\.0\.0\.1:(\d+)", "".join(lines))[1])
+        bounce_to = return_path(TEMPLATE, str(uuid.uuid4()), "nobody@example.net")
+        client = Client(port)
+        assert client.command("LHLO mx.example.com").startswith("250")
+        assert client.command("MAIL FROM:<>").startswith("250")
+        assert client.command(f"RCPT TO:<{bounce_to}>").startswith("250")
+        assert client.data(crlf(POSTFIX_DSN), 1) == ["250 2.0.0 Processed"]
+        client.close()
+        with override_settings(BUMAIL_QUEUE=settings):
+            found = QueueService().suppressed(["nobody@example.net"])
+        assert found["nobody@example.net"].reason == SuppressionReason.BOUNCED
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+        reader.join(5)
+        # The listener stopped with the worker: nothing listens on its port any more.
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_inbound_on_a_port_taken_is_a_clear_error(store_settings):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = start_worker({**SETTINGS, **store_settings}, "--inbound", f"127.0.0.1:{port}")
+        output = process.communicate(timeout=60)[0]
+    assert process.returncode == 1
+    assert f"Cannot listen on 127.0.0.1 port {port}: Address already in use." in output
+    assert "Traceback" not in output

@@ -10,6 +10,7 @@ from . import views
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("anymail/", include("anymail.urls")),
+    path("mail/", include("bumail_queue.urls")),
     path("metrics/queue/", QueueMetricsView.as_view()),
     path("send-one/", views.send_one),
     path("send-many/", views.send_many),

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import logging
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from bumail_queue.conf import QueueSettings, get_settings
 from bumail_queue.errors import QueueConfigurationError, QueueError
-from bumail_queue.management.arguments import listen_address, port, positive_int
+from bumail_queue.management.arguments import host_and_port, listen_address, listen_error, port, positive_int
 from bumail_queue.stores.base import QueueStore
 from bumail_queue.worker import Worker
 
@@ -78,6 +79,14 @@ class Command(BaseCommand):
             "--owner", type=owner_name, help="this worker's name on its leases (default: host-pid-random)"
         )
         parser.add_argument("--burst", action="store_true", help="deliver what is due, then exit")
+        inbound = parser.add_argument_group("Returned mail (needs bumail_queue[feedback]; docs/feedback.md)")
+        inbound.add_argument(
+            "--inbound",
+            type=host_and_port,
+            metavar="HOST:PORT",
+            help="also take returned mail over LMTP on HOST:PORT, as queue_inbound --listen does",
+        )
+        inbound.add_argument("--inbound-smtp", action="store_true", help="speak SMTP there rather than LMTP")
         metrics = parser.add_argument_group("Prometheus metrics (needs bumail_queue[prometheus]; docs/metrics.md)")
         metrics.add_argument(
             "--metrics-port", type=port, help="serve metrics over HTTP on this port (0: any free port, logged)"
@@ -110,6 +119,10 @@ class Command(BaseCommand):
             if metrics is not None:
                 address = options["metrics_address"] or DEFAULT_METRICS_ADDRESS
                 stack.callback(_serve_metrics(metrics, worker, address, options["metrics_port"]).close)
+            if options["inbound"] is not None:
+                stack.callback(_listen_for_returned_mail(settings, *options["inbound"], smtp=options["inbound_smtp"]))
+            elif options["inbound_smtp"]:
+                raise CommandError("--inbound-smtp goes with --inbound.")
             self._run(worker, settings)
 
     def _run(self, worker: Worker, settings: QueueSettings) -> None:
@@ -177,6 +190,28 @@ def _serve_metrics(metrics: WorkerRegistry, worker: Worker, address: str, port: 
         raise CommandError(f"Cannot serve metrics on {address} port {port}: {error.strerror or error}.") from error
     logger.info("serving metrics on %s", server.url, extra={"action": "metrics"})
     return server
+
+
+def _listen_for_returned_mail(settings: QueueSettings, host: str, port: int, *, smtp: bool) -> Callable[[], None]:
+    """Start ``queue_inbound``'s listener beside the worker; return what stops it."""
+    if importlib.util.find_spec("aiosmtpd") is None:
+        raise CommandError("--inbound needs aiosmtpd: pip install 'bumail-queue[feedback]'.")
+    from bumail_queue.feedback.inbound import Listener
+    from bumail_queue.feedback.processing import process_returned_mail
+
+    listener = Listener(
+        settings=settings,
+        process=lambda raw, recipients: process_returned_mail(raw, recipients=recipients),
+        host=host,
+        port=port,
+        lmtp=not smtp,
+    )
+    try:
+        bound = listener.start()
+    except OSError as error:
+        raise CommandError(f"Cannot listen on {host} port {port}: {listen_error(error)}.") from error
+    logger.info("inbound listening on %s://%s:%d", "smtp" if smtp else "lmtp", *bound)
+    return listener.close
 
 
 def require_store(store: QueueStore, *, burst: bool) -> None:

@@ -35,7 +35,7 @@ from bumail_queue.items import QueueItem
 from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueGauges, QueueSummary
 from bumail_queue.shaping import DestinationState, Permit, PermitRequest, WindowChange
 from bumail_queue.stores.base import MESSAGE_HEAD_BYTES
-from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate
+from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionReason, SuppressionUpdate
 
 from . import queries, suppressions
 from .claims import ORMClaims
@@ -119,8 +119,10 @@ class ORMStore(ORMItems, ORMClaims, ORMRetries, ORMSTS):
 
     # -- the suppression list: suppressions.py -------------------------------------
 
-    def suppressions_of(self, addresses: Iterable[str], *, now: datetime) -> dict[str, Suppression]:
-        return suppressions.suppressions_of(self, addresses, now=now)
+    def suppression_entries(
+        self, addresses: Iterable[str], *, now: datetime, scopes: Sequence[str] | None = None
+    ) -> dict[str, builtins.list[Suppression]]:
+        return suppressions.suppression_entries(self, addresses, now=now, scopes=scopes)
 
     def update_suppressions(self, change: SuppressionChange, *, now: datetime) -> SuppressionUpdate:
         self.validate_suppressions(change)
@@ -129,9 +131,17 @@ class ORMStore(ORMItems, ORMClaims, ORMRetries, ORMSTS):
         return suppressions.update_suppressions(self, change, now=now)
 
     def search_suppressions(
-        self, *, now: datetime, text: str | None = None, offset: int = 0, limit: int = 100
+        self,
+        *,
+        now: datetime,
+        text: str | None = None,
+        scope: str | None = None,
+        reason: SuppressionReason | None = None,
+        offset: int = 0,
+        limit: int = 100,
     ) -> builtins.list[Suppression]:
-        return suppressions.search_suppressions(self, now=now, text=text, offset=offset, limit=limit)
+        wanted = suppressions.Wanted(text=text, scope=scope, reason=reason)
+        return suppressions.search_suppressions(self, now=now, wanted=wanted, offset=offset, limit=limit)
 
     def count_suppressions(self, *, now: datetime) -> int:
         return suppressions.count_suppressions(self, now=now)

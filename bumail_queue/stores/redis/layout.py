@@ -110,8 +110,15 @@ class RedisKeys:
 
     @property
     def suppressed(self) -> str:
-        """The suppression list: a hash of address to its entry (JSON, with its times)."""
+        """The suppression list: a hash of entry (``suppression_member``) to the entry
+        (JSON, with its times)."""
         return f"{self.prefix}suppressed"
+
+    @property
+    def suppression_scopes(self) -> str:
+        """The scopes other than the global one that entries were ever kept in (a set: a
+        handful, one per channel), so an address can be looked up in all of them."""
+        return f"{self.prefix}suppressed:scopes"
 
     @property
     def suppressed_expires(self) -> str:
@@ -131,7 +138,13 @@ class RedisKeys:
     @property
     def suppression_keys(self) -> list[str]:
         """The keys of the suppression list, in the order its scripts take them."""
-        return [self.suppressed, self.suppressed_expires, self.suppressed_created, self.expiry_notes]
+        return [
+            self.suppressed,
+            self.suppressed_expires,
+            self.suppressed_created,
+            self.expiry_notes,
+            self.suppression_scopes,
+        ]
 
     @property
     def shaping(self) -> str:
@@ -221,10 +234,17 @@ def suppression_json(entry: Suppression) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
-def suppression_from_json(address: str, raw: bytes) -> Suppression:
+def suppression_member(address: str, scope: str) -> str:
+    """Return the member that names an address's entry in ``scope`` in the list's hash
+    and sets: the address alone for the global scope, so entries kept before scopes
+    read as they were; else the address, a line end (which no address holds), the scope."""
+    return f"{address}\n{scope}" if scope else address
+
+
+def suppression_from_json(member: str, raw: bytes) -> Suppression:
     data = json.loads(raw)
     return Suppression.from_dict(
-        address,
+        member.partition("\n")[0],
         data,
         created_at=from_micros(data["created"]),
         expires_at=from_micros(data["expires"]),

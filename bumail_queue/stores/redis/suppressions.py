@@ -8,18 +8,25 @@ between them.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import cast
 
 from bumail_queue.addresses import normal_address
-from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionUpdate, search_form
+from bumail_queue.suppression import (
+    GLOBAL_SCOPE,
+    Suppression,
+    SuppressionChange,
+    SuppressionReason,
+    SuppressionUpdate,
+    search_form,
+)
 from bumail_queue.text import is_keepable
 
 from . import scripts
 from .connection import RedisConnection
 from .items import RETRY_PAGE
-from .layout import micros, pairs, suppression_from_json, suppression_json
+from .layout import micros, pairs, suppression_from_json, suppression_json, suppression_member
 
 
 class RedisSuppressions(RedisConnection):
@@ -27,8 +34,11 @@ class RedisSuppressions(RedisConnection):
 
     # -- the suppression list ---------------------------------------------------------
 
-    def suppressions_of(self, addresses: Iterable[str], *, now: datetime) -> dict[str, Suppression]:
-        """One ``HMGET`` for the whole batch; entries past their time are left out here."""
+    def suppression_entries(
+        self, addresses: Iterable[str], *, now: datetime, scopes: Sequence[str] | None = None
+    ) -> dict[str, builtins.list[Suppression]]:
+        """One ``HMGET`` for the whole batch in every scope asked (every scope kept, read
+        first with ``SMEMBERS``, for ``None``); entries past their time are left out here."""
         given: dict[str, list[str]] = {}
         for address in addresses:
             if is_keepable(address):
@@ -37,11 +47,16 @@ class RedisSuppressions(RedisConnection):
             return {}
         client = self._redis()
         with self._translated_errors("read the suppression list"):
-            raws = cast("list[bytes | None]", client.hmget(self.keys.suppressed, list(given)))
-        found: dict[str, Suppression] = {}
-        for key, raw in zip(given, raws, strict=True):
-            if raw is not None and (entry := suppression_from_json(key, raw)).is_in_force(now):
-                found.update((address, entry) for address in given[key])
+            if scopes is None:
+                kept = cast("set[bytes]", client.smembers(self.keys.suppression_scopes))
+                scopes = [GLOBAL_SCOPE, *sorted(scope.decode() for scope in kept)]
+            members = [suppression_member(key, scope) for key in given for scope in scopes]
+            raws = cast("list[bytes | None]", client.hmget(self.keys.suppressed, members)) if members else []
+        found: dict[str, builtins.list[Suppression]] = {}
+        for member, raw in zip(members, raws, strict=True):
+            if raw is not None and (entry := suppression_from_json(member, raw)).is_in_force(now):
+                for address in given[entry.address]:
+                    found.setdefault(address, []).append(entry)
         return found
 
     def update_suppressions(self, change: SuppressionChange, *, now: datetime) -> SuppressionUpdate:
@@ -55,25 +70,42 @@ class RedisSuppressions(RedisConnection):
         for entries in (change.add, change.expired):
             args.append(len(entries))
             for entry in entries:
-                args += [entry.address, suppression_json(entry), micros(entry.created_at), micros(entry.expires_at)]
-        args += change.clear
+                member = suppression_member(entry.address, entry.scope)
+                args += [member, suppression_json(entry), micros(entry.created_at), micros(entry.expires_at)]
+        args += [len(change.clear), *change.clear]
+        args += [suppression_member(address, scope) for address, scope in change.clear_scoped]
         promoted, removed = self._run(scripts.SUPPRESS, "update the suppression list", self.keys.suppression_keys, args)
         by_address = {entry.address: entry for entry in change.expired}
         return SuppressionUpdate(
             suppressed=(*change.add, *(by_address[address.decode()] for address in promoted)),
-            removed=tuple(address.decode() for address in removed),
+            removed=tuple(member.decode().partition("\n")[0] for member in removed),
         )
 
     def search_suppressions(
-        self, *, now: datetime, text: str | None = None, offset: int = 0, limit: int = 100
+        self,
+        *,
+        now: datetime,
+        text: str | None = None,
+        scope: str | None = None,
+        reason: SuppressionReason | None = None,
+        offset: int = 0,
+        limit: int = 100,
     ) -> builtins.list[Suppression]:
         """One read-only script that walks the list from its newest entry (see ``suppression_page.lua``)."""
         if limit <= 0:
             return []
-        args: list[str | bytes | int] = [micros(now), "" if text is None else search_form(text), offset, limit]
+        args: list[str | bytes | int] = [
+            micros(now),
+            "" if text is None else search_form(text),
+            offset,
+            limit,
+            "0" if scope is None else "1",
+            scope or "",
+            "" if reason is None else reason.value,
+        ]
         keys = [self.keys.suppressed, self.keys.suppressed_created]
         flat = self._run(scripts.SUPPRESSION_PAGE, "search the suppression list", keys, args)
-        return [suppression_from_json(address.decode(), raw) for address, raw in pairs(flat).items()]
+        return [suppression_from_json(member.decode(), raw) for member, raw in pairs(flat).items()]
 
     def count_suppressions(self, *, now: datetime) -> int:
         client = self._redis()

@@ -1,24 +1,32 @@
 #!lua
 --[[
-KEYS suppressed, expires, created, notes; ARGV now, note-until ('' for no note), the
-count of entries to add then four each (address, entry, created, expires), the count
-of expiries then four each as well, then the addresses to take off.
+KEYS suppressed, expires, created, notes, scopes; ARGV now, note-until ('' for no
+note), the count of entries to add then four each (member, entry, created, expires),
+the count of expiries then four each as well, the count of delivered addresses then
+each, then the members to take off.
 
-The suppression list in one step. An entry is added, or replaces the address's own.
-An expiry of an address whose entry is in force changes nothing; with a note still
-lasting it adds its entry; otherwise it is noted until note-until. An address taken
-off loses its entry and its note. Adding drops up to 100 entries and notes that
-expired on the way. Returns {addresses an expiry added, addresses taken off whose
-entries were in force}.
+The suppression list in one step. A member is an address (its global entry) or an
+address, a line end and a scope. An entry is added, or replaces the member's own; a
+scope's first entry adds the scope to the scopes set. An expiry (always global) of an
+address whose entry is in force changes nothing; with a note still lasting it adds
+its entry; otherwise it is noted until note-until. A delivered address loses its note,
+and its global entry if a delivery disproves it (reason failed or expired); a member
+taken off loses its entry and its note, whatever its reason. Adding drops up to 100 entries and notes that expired on the way.
+Returns {addresses an expiry added, members taken off whose entries were in force}.
 ]]
 local now = tonumber(ARGV[1])
 local note_until = ARGV[2]
 
-local function put(address, entry, created, expires)
-    redis.call('HSET', KEYS[1], address, entry)
-    redis.call('ZADD', KEYS[2], expires, address)
-    redis.call('ZADD', KEYS[3], created, address)
-    redis.call('ZREM', KEYS[4], address)
+local function put(member, entry, created, expires)
+    redis.call('HSET', KEYS[1], member, entry)
+    redis.call('ZADD', KEYS[2], expires, member)
+    redis.call('ZADD', KEYS[3], created, member)
+    local line_end = string.find(member, '\n', 1, true)
+    if line_end then
+        redis.call('SADD', KEYS[5], string.sub(member, line_end + 1))
+    else
+        redis.call('ZREM', KEYS[4], member)
+    end
 end
 
 local function drop(address)
@@ -56,16 +64,28 @@ for _ = 1, expiries do
 end
 
 local removed = {}
-while i <= #ARGV do
-    local address = ARGV[i]
-    local expires = redis.call('ZSCORE', KEYS[2], address)
+local function take_off(member, disproved_only)
+    local expires = redis.call('ZSCORE', KEYS[2], member)
     if expires then
-        if in_force(expires) then
-            removed[#removed + 1] = address
+        local reason = disproved_only and cjson.decode(redis.call('HGET', KEYS[1], member))['reason']
+        if not disproved_only or reason == 'failed' or reason == 'expired' then
+            if in_force(expires) then
+                removed[#removed + 1] = member
+            end
+            drop(member)
         end
-        drop(address)
     end
-    redis.call('ZREM', KEYS[4], address)
+    redis.call('ZREM', KEYS[4], member)
+end
+
+local delivered = tonumber(ARGV[i])
+i = i + 1
+for _ = 1, delivered do
+    take_off(ARGV[i], true)
+    i = i + 1
+end
+while i <= #ARGV do
+    take_off(ARGV[i], false)
     i = i + 1
 end
 

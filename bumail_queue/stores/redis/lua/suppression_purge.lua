@@ -1,6 +1,6 @@
 #!lua flags=allow-oom
 --[[
-KEYS suppressed, expires, created, notes; ARGV now, limit.
+KEYS suppressed, expires, created, notes (then scopes, kept: a scope may be used again); ARGV now, limit.
 
 Drops up to limit entries that expired by now, and up to limit lapsed notes; returns
 {entries dropped, notes dropped}.
