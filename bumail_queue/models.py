@@ -397,3 +397,37 @@ class MailboxMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.mailbox} {self.digest[:12]} {self.state}"
+
+
+class BulkAction(models.Model):
+    """An operator's bulk action on the queue (``queue_hold``, ``queue_release``,
+    ``queue_cancel``, ``queue_retry`` by filter): who, which action, the filter, and how
+    many items it matched, changed and left alone. A dry run is not recorded."""
+
+    class Action(models.TextChoices):
+        HOLD = "hold", "hold"
+        RELEASE = "release", "release"
+        CANCEL = "cancel", "cancel"
+        RETRY = "retry", "retry"
+
+    id = models.BigAutoField(primary_key=True)
+    acted_at = models.DateTimeField(_("acted at"))
+    # Who asked: ``--by``, else the operating system's user of a command.
+    by = models.CharField(_("by"), max_length=150)
+    action = models.CharField(_("action"), max_length=16, choices=Action.choices)
+    # The filter as given: {"domain": ..., "channel": ..., "older_than": seconds, ...}.
+    filter = models.JSONField(_("filter"), default=dict)
+    matched = models.PositiveBigIntegerField(_("matched"), default=0)
+    changed = models.PositiveBigIntegerField(_("changed"), default=0)
+    skipped = models.PositiveBigIntegerField(_("skipped"), default=0)
+    # Empty when it ran to its end; else why it stopped (the error's first line).
+    stopped = models.TextField(_("stopped"), blank=True, default="")
+
+    class Meta:
+        db_table = "bumail_queue_bulk_actions"
+        verbose_name = _("bulk action")
+        verbose_name_plural = _("bulk actions")
+        ordering = ("-acted_at", "-id")
+
+    def __str__(self) -> str:
+        return f"{self.acted_at:%Y-%m-%d %H:%M} {self.action} by {self.by}: {self.changed}"

@@ -13,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
+import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .addresses import domain_of
@@ -29,6 +30,11 @@ SEARCH_HEAD_BYTES = 8192
 #: the last ("1280+ minutes").
 AGE_BUCKETS: tuple[timedelta, ...] = tuple(timedelta(minutes=m) for m in (5, 10, 20, 40, 80, 160, 320, 640, 1280))
 
+#: A held item's ``next_attempt_at``: out of every claim's reach, so that a claim's
+#: index scan never meets a held row, and back to the time of its release after. Any
+#: ``next_attempt_at`` at or past it is a hold (a store's times stop before it).
+HELD_AT = datetime(9000, 1, 1, tzinfo=UTC)
+
 
 class ItemState(enum.StrEnum):
     """Where an item stands as a whole, at a given time."""
@@ -39,17 +45,34 @@ class ItemState(enum.StrEnum):
     """Tried at least once; waiting for its next attempt."""
     DELIVERING = "delivering"
     """A worker holds its lease: an attempt is under way."""
+    HELD = "held"
+    """An operator held it (``queue_hold``): never claimed until released."""
 
     @property
     def label(self) -> str:
-        return {"queued": "Queued", "deferred": "Deferred", "delivering": "Being delivered"}[self.value]
+        return {"queued": "Queued", "deferred": "Deferred", "delivering": "Being delivered", "held": "Held"}[self.value]
+
+
+def is_held(next_attempt_at: datetime) -> bool:
+    """Return whether an item due at ``next_attempt_at`` is held (``HELD_AT``)."""
+    return next_attempt_at >= HELD_AT
 
 
 def state_of(item: QueueItem, now: datetime) -> ItemState:
     """Return the state of ``item`` at ``now``."""
     if item.is_leased_at(now):
         return ItemState.DELIVERING
+    if is_held(item.next_attempt_at):
+        return ItemState.HELD
     return ItemState.DEFERRED if item.attempts > 0 else ItemState.QUEUED
+
+
+def address_pattern(pattern: str) -> re.Pattern[str]:
+    """Return the regular expression of an address pattern: ``*`` stands for any text
+    (``*@example.com``, ``ann*``), the rest is literal, the whole address is matched,
+    and case is ignored."""
+    literal = (re.escape(part) for part in pattern.strip().split("*"))
+    return re.compile(".*".join(literal), re.IGNORECASE | re.DOTALL)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,6 +86,11 @@ class ItemQuery:
     its ``Message-ID``). ``domain`` matches an item with a recipient at that domain
     (exactly, ignoring case). ``channel`` and ``priority`` match exactly. ``state``
     is judged at ``now``.
+
+    The bulk actions' filters (``operations.bulk``): ``sender`` and ``recipient`` are
+    address patterns (``address_pattern``: ``*`` for any text, the whole address
+    matched, case ignored), ``recipient`` matching an item with one recipient that
+    matches; ``older_than`` matches an item created before ``now - older_than``.
     """
 
     now: datetime
@@ -71,6 +99,9 @@ class ItemQuery:
     text: str | None = None
     channel: str | None = None
     priority: int | None = None
+    sender: str | None = None
+    recipient: str | None = None
+    older_than: timedelta | None = None
 
     def __post_init__(self) -> None:
         # Blank input is no filter; a domain is compared without case or trailing dot.
@@ -78,6 +109,25 @@ class ItemQuery:
         domain = domain_of("@" + self.domain.strip()) if self.domain and self.domain.strip() else None
         object.__setattr__(self, "text", text)
         object.__setattr__(self, "domain", domain or None)
+        object.__setattr__(self, "sender", (self.sender or "").strip() or None)
+        object.__setattr__(self, "recipient", (self.recipient or "").strip() or None)
+
+    @property
+    def created_before(self) -> datetime | None:
+        """Return the time ``older_than`` puts items' creation before, or ``None``."""
+        return None if self.older_than is None else self.now - self.older_than
+
+    def matches_addresses(self, item: QueueItem) -> bool:
+        """Return whether ``item`` matches ``sender``, ``recipient`` and ``older_than``."""
+        if self.older_than is not None and not item.created_at < self.now - self.older_than:
+            return False
+        if self.sender is not None and not address_pattern(self.sender).fullmatch(item.sender):
+            return False
+        if self.recipient is not None:
+            pattern = address_pattern(self.recipient)
+            if not any(pattern.fullmatch(r.address) for r in item.recipients):
+                return False
+        return True
 
     def matches(self, item: QueueItem, *, text: bool = True) -> bool:
         """Return whether ``item`` matches on the fields every store must look at.
@@ -92,6 +142,8 @@ class ItemQuery:
         if self.channel is not None and item.channel != self.channel:
             return False
         if self.priority is not None and item.priority != self.priority:
+            return False
+        if not self.matches_addresses(item):
             return False
         if self.item_id is not None:
             return item.id == self.item_id
@@ -136,6 +188,26 @@ class ItemCount(int):
     # f-string, which format through it) would print the repr above.
     def __str__(self) -> str:
         return int.__repr__(self)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class BulkPage:
+    """A page of the items a filter matches (``QueueStore.bulk_page``), and where the
+    next page starts: ``None`` when none is left."""
+
+    items: tuple[QueueItem, ...]
+    cursor: str | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class HoldResult:
+    """What a hold or a release of a batch did (``QueueStore.hold``, ``release``): the
+    ids of the items it changed, and of those it left: to the lease that holds them,
+    or, for a hold already held and for a release not held, or gone."""
+
+    changed: tuple[str, ...] = ()
+    leased: tuple[str, ...] = ()
+    unchanged: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -366,6 +438,8 @@ class GaugeTally:
         self, *, state: ItemState, created_at: datetime, next_attempt_at: datetime, statuses: Iterable[str]
     ) -> None:
         """Count an item from its parts, for a store that reads only those."""
+        if state != ItemState.DELIVERING and is_held(next_attempt_at):
+            state = ItemState.HELD
         self.items[state] += 1
         oldest = self.oldest[state]
         if oldest is None or created_at < oldest:
@@ -419,3 +493,37 @@ def headers_contain(head: bytes, text: str) -> bool:
     encoded form, so a plain ASCII subject is found by any of its words.
     """
     return text.casefold() in header_block(head).decode("utf-8", "replace").casefold()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ChannelGauges:
+    """One channel's items at a time, as ``QueueStore.channel_gauges`` reads them:
+    ``items`` counts them in each state, ``oldest`` is the ``created_at`` of the oldest
+    in each state (``None``: no item in it). ``exact`` as ``QueueGauges`` says."""
+
+    items: Mapping[ItemState, int]
+    oldest: Mapping[ItemState, datetime | None]
+    exact: bool = True
+
+    @property
+    def total(self) -> int:
+        """Return how many items the channel holds (an estimate unless ``exact``)."""
+        return sum(self.items.values())
+
+
+def channel_gauges_of(items: Iterable[QueueItem], *, now: datetime) -> dict[str, ChannelGauges]:
+    """Return the gauges of each channel of ``items`` (the whole queue) at ``now``, in
+    plain Python; a channel with no item is left out."""
+    tallies: dict[str, GaugeTally] = {}
+    for item in items:
+        tally = tallies.get(item.channel)
+        if tally is None:
+            tally = tallies[item.channel] = GaugeTally(now)
+        tally.add(item)
+    return {channel: channel_gauges_from(tally) for channel, tally in tallies.items()}
+
+
+def channel_gauges_from(tally: GaugeTally, *, scale: float | None = None) -> ChannelGauges:
+    """Return what ``tally`` counted of one channel; with a ``scale``, from a sample."""
+    gauges = tally.gauges(scale=scale)
+    return ChannelGauges(items=gauges.items, oldest=gauges.oldest, exact=gauges.exact)

@@ -19,6 +19,7 @@ from . import mime, signals
 from .conf import QueueSettings, get_settings
 from .errors import ErrorCode, QueueError, first_line
 from .items import DEFAULT_CHANNEL, DEFAULT_PRIORITY, NewItem, QueueItem, check_channel, check_priority
+from .operations.bulk import BulkService
 from .queries import AGE_BUCKETS, ItemQuery, ItemState, QueueSummary, RetryResult
 from .shaping import DestinationState, Patterns
 from .stores import QueueStore, get_store
@@ -36,7 +37,7 @@ Clock = Callable[[], datetime]
 logger = logging.getLogger(__name__)
 
 
-class QueueService(SuppressionService):
+class QueueService(SuppressionService, BulkService):
     """Enqueue mail and manage the queue, whatever store keeps it.
 
     The store and settings are looked up at each call (both follow

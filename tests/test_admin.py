@@ -25,6 +25,7 @@ from bumail_queue.admin import ItemAdmin
 from bumail_queue.admin.shared import PAGE_CSP
 from bumail_queue.items import AttemptResult, Outcome, RecipientStatus, Reply
 from bumail_queue.models import DeliveryLog
+from bumail_queue.operations.bulk import BulkFilter
 from bumail_queue.stores import get_store
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -524,6 +525,18 @@ def test_there_is_no_add_page_and_no_edit(superuser_client, store_name):
 # -- the overview ---------------------------------------------------------------------------
 
 
+def test_held_items_are_counted_on_the_overview_and_listed_by_their_state(superuser_client, store_name):
+    held = queue.enqueue(newsletter(to=["a@slow.example"]))
+    free = queue.enqueue(newsletter(to=["b@fast.example"]))
+    assert queue.hold(BulkFilter(domain="slow.example")).count == 1
+    page = text_of(superuser_client.get(OVERVIEW))
+    counts = dict(re.findall(r'data-state="(\w+)"><a href="[^"]*"><span class="bq-number">(\d+)<', page))
+    assert counts == {"queued": "1", "deferred": "0", "delivering": "0", "held": "1"}
+    listed = text_of(superuser_client.get(LIST, {"state": "held"}))
+    assert f'data-item-id="{held.id}"' in listed and f'data-item-id="{free.id}"' not in listed
+    assert "Held" in listed
+
+
 def test_the_overview_counts_states_and_draws_the_shape(superuser_client, store_name):
     queue.enqueue(newsletter(to=["a@fast.example", "b@slow.example"]))
     deferred_item()
@@ -532,7 +545,7 @@ def test_the_overview_counts_states_and_draws_the_shape(superuser_client, store_
     assert response.status_code == 200
     page = text_of(response)
     counts = dict(re.findall(r'data-state="(\w+)"><a href="[^"]*"><span class="bq-number">(\d+)<', page))
-    assert counts == {"queued": "1", "deferred": "1", "delivering": "1"}
+    assert counts == {"queued": "1", "deferred": "1", "delivering": "1", "held": "0"}
     shape = dict(
         re.findall(
             r'<tr data-domain="([^"]+)">\s*<th scope="row"><a href="[^"]*">[^<]*</a></th>\s*<td>(\d+)</td>', page

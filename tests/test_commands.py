@@ -124,7 +124,7 @@ def test_queue_status_json(store_name):
     fill()
     data = json.loads(status("--json"))
     assert data["total"] == 3
-    assert data["by_state"] == {"queued": 2, "deferred": 1, "delivering": 0}
+    assert data["by_state"] == {"queued": 2, "deferred": 1, "delivering": 0, "held": 0}
     assert data["due"] == 1
     assert data["pending_recipients"] == 5
     assert data["age_buckets"][0] == "<5m" and data["age_buckets"][-1] == "1280m+"

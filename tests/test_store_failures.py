@@ -29,6 +29,11 @@ STATUS_JSON = ("queue_status", "--json")
 PURGE = ("queue_purge", "--older-than", "30d")
 RETRY = ("queue_retry",)
 RETRY_DOMAIN = ("queue_retry", "--domain", "example.org")
+RETRY_CHANNEL = ("queue_retry", "--channel", "news")
+HOLD = ("queue_hold", "--all")
+RELEASE = ("queue_release", "--domain", "example.org")
+CANCEL = ("queue_cancel", "--recipient", "*@example.org")
+BULK = (RETRY_CHANNEL, HOLD, RELEASE, CANCEL)
 TLSRPT = ("queue_tlsrpt", "--date", "2026-01-01")
 SUPPRESSED = ("queue_suppression", "list")
 UNSUPPRESS = ("queue_suppression", "remove", "--domain", "example.org")
@@ -62,14 +67,16 @@ def unmigrated_sqlite(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "args", [WORKER, STATUS, STATUS_JSON, PURGE, RETRY, RETRY_DOMAIN, TLSRPT, SUPPRESSED, UNSUPPRESS], ids=" ".join
+    "args",
+    [WORKER, STATUS, STATUS_JSON, PURGE, RETRY, RETRY_DOMAIN, *BULK, TLSRPT, SUPPRESSED, UNSUPPRESS],
+    ids=" ".join,
 )
 def test_an_unmigrated_database_is_one_line_and_a_failure(tmp_path, args):
     done = run(args, database_url=unmigrated_sqlite(tmp_path))
     assert_one_line_error(done, "has manage.py migrate run?", "no such table")
 
 
-@pytest.mark.parametrize("args", [WORKER, STATUS, PURGE, RETRY, SUPPRESSED], ids=" ".join)
+@pytest.mark.parametrize("args", [WORKER, STATUS, PURGE, RETRY, HOLD, SUPPRESSED], ids=" ".join)
 def test_a_postgresql_nobody_listens_for_is_one_line_and_a_failure(args):
     done = run(args, database_url=f"postgres://postgres@127.0.0.1:{closed_port()}/postgres")
     assert_one_line_error(done, "could not be used", "Connection refused")
@@ -85,7 +92,7 @@ def test_a_postgresql_database_that_does_not_exist_is_one_line_and_a_failure(arg
 
 
 @pytest.mark.parametrize(
-    "args", [WORKER, STATUS, STATUS_JSON, RETRY, RETRY_DOMAIN, TLSRPT, SUPPRESSED, UNSUPPRESS], ids=" ".join
+    "args", [WORKER, STATUS, STATUS_JSON, RETRY, RETRY_DOMAIN, *BULK, TLSRPT, SUPPRESSED, UNSUPPRESS], ids=" ".join
 )
 def test_a_redis_that_is_down_is_one_line_and_a_failure(tmp_path, args):
     queue = {"STORE": "redis", "REDIS_CONNECTION": "queue"}

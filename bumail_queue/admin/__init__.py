@@ -13,8 +13,8 @@ page shows a setting's value, so no password or AUTH string can appear on one.
 
 Its classes share one permission model, one way of reading the queue and one set of
 templates (``shared``); each page family has its module: ``items`` (the list, the
-actions, the item page), ``overview``, ``suppressions``, ``log`` and ``returned``
-(returned mail no parser could read). The message
+actions, the item page), ``overview``, ``suppressions``, ``log``, ``returned``
+(returned mail no parser could read) and ``addresses`` (the page of one address). The message
 preview is ``preview``'s. Importing this package registers every model admin.
 """
 

@@ -37,6 +37,7 @@ from bumail_queue.preview import HeadSummary, preview, srcdoc_for, summarize_hea
 from bumail_queue.queries import ItemState, is_estimate, state_of
 from bumail_queue.service import queue
 
+from .addresses import AddressPage
 from .overview import overview_context
 from .shared import (
     ItemAdminBase,
@@ -169,6 +170,7 @@ class ItemAdmin(ItemAdminBase):
         return [
             path("", admin_page(self, self.changelist_view), name=f"{prefix}_changelist"),
             path("overview/", admin_page(self, self.overview_view), name=f"{prefix}_overview"),
+            path("address/<path:address>/", admin_page(self, AddressPage(self)), name=f"{prefix}_address"),
             path("<str:object_id>/change/", admin_page(self, self.change_view), name=f"{prefix}_change"),
             path("<str:object_id>/message.eml", admin_page(self, self.eml_view), name=f"{prefix}_eml"),
             path("<str:object_id>/", admin_page(self, self.item_redirect), name=f"{prefix}_item"),

@@ -20,6 +20,7 @@ from bumail_queue import delivery_log
 from bumail_queue.conf import get_settings
 from bumail_queue.models import DeliveryLog
 
+from .addresses import address_url
 from .shared import LogAdminBase, SecurePages
 
 
@@ -44,7 +45,7 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
 class DeliveryLogAdmin(SecurePages, LogAdminBase):
     """The delivery log, read-only: entries are written by the worker, deleted by age."""
 
-    list_display = ("logged_at", "recipient", "status_badge", "reply", "remote", "item")
+    list_display = ("logged_at", "recipient_link", "status_badge", "reply", "remote", "item")
     list_filter = ("status",)
     search_fields = ("recipient", "sender")
     search_help_text = gettext_lazy("An address (or part of one), or an item id.")
@@ -53,9 +54,10 @@ class DeliveryLogAdmin(SecurePages, LogAdminBase):
     show_facets = admin.ShowFacets.NEVER  # counts per status would scan a large log
     paginator = EstimatedCountPaginator
     readonly_fields = (
-        "logged_at", "item_id", "recipient", "domain", "sender", "status", "reply_code", "reply_status",
+        "logged_at", "item_id", "recipient_link", "domain", "sender", "status", "reply_code", "reply_status",
         "reply_text", "remote_host", "tls", "next_attempt_at",
     )  # fmt: skip
+    exclude = ("recipient",)  # shown as recipient_link, a link to the address's page
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[DeliveryLog]:
         return super().get_queryset(request).using(get_settings().database)
@@ -76,6 +78,13 @@ class DeliveryLogAdmin(SecurePages, LogAdminBase):
             return queryset.filter(item_id=uuid.UUID(search_term.strip())), False
         except ValueError:
             return super().get_search_results(request, queryset, search_term)
+
+    @admin.display(description=gettext_lazy("recipient"), ordering="recipient")
+    def recipient_link(self, entry: DeliveryLog) -> str:
+        url = address_url(self.admin_site, entry.recipient)
+        if url is None:
+            return entry.recipient
+        return format_html('<a class="bq-address" href="{}">{}</a>', url, entry.recipient)
 
     @admin.display(description=gettext_lazy("status"), ordering="status")
     def status_badge(self, entry: DeliveryLog) -> str:

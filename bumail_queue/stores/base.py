@@ -17,7 +17,13 @@ Every store runs the same contract suite (``bumail_queue.testing.StoreContract``
 - Text kept holds no NUL and no lone surrogate: such input is ``INVALID``, and an id
   holding one is an id no item has.
 - ``retry_deferred`` and ``retry_items`` leave an item a lease holds alone, count no
-  attempt, and never make an item due later than it was.
+  attempt, and never make an item due later than it was; ``retry_deferred`` leaves a
+  held item held (``retry_items``, given its id, releases it).
+- A held item (``hold``: its ``next_attempt_at`` is ``queries.HELD_AT``) is never
+  claimed, whatever the claim's ``now``, until ``release`` makes it due at its
+  ``now``. ``hold`` leaves an item a lease holds alone. ``bulk_page`` pages through
+  a filter's items by a key that changes with no write: an item present throughout
+  is on some page however the items change meanwhile.
 - ``claim_items`` (where ``claims_by_id``) is ``claim`` restricted to the items named:
   as atomic, and it takes only those due and free, so two claimers of one id never
   both get it.
@@ -54,12 +60,18 @@ from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, RecipientStatus, check_channel, check_priority
 from bumail_queue.queries import (
     AGE_BUCKETS,
+    HELD_AT,
+    BulkPage,
+    ChannelGauges,
+    HoldResult,
     ItemCount,
     ItemQuery,
     QueueGauges,
     QueueSummary,
     RetryResult,
+    channel_gauges_of,
     gauges_of,
+    is_held,
     lane_order,
     summarize,
 )
@@ -278,6 +290,16 @@ class QueueStore(abc.ABC):
         """
         return gauges_of(self._scan(), now=now)
 
+    def channel_gauges(self, *, now: datetime) -> dict[str, ChannelGauges]:
+        """Return each channel's items by state and the oldest of each state at ``now``
+        (``bumail_queue.metrics``' ``channel`` label); a channel with no item is left out.
+
+        As cheap as ``gauges`` and read with it at every scrape: exact up to
+        ``gauge_sample_rows`` items, beyond which a store may estimate from a sample
+        (``exact`` false). The default reads the whole queue through ``list``.
+        """
+        return channel_gauges_of(self._scan(), now=now)
+
     def estimated_count(self) -> ItemCount:
         """Return how many items the queue holds, an estimate where counting is costly.
 
@@ -324,6 +346,56 @@ class QueueStore(abc.ABC):
             else:
                 missing.append(item_id)
         return RetryResult(due=due, leased=tuple(leased), missing=tuple(missing))
+
+    # -- bulk actions for operators: queue_hold, queue_release (operations/bulk) --------
+    # Defaults built on ``list``, ``get`` and ``reschedule``: right for any store, but
+    # each page reads the whole queue and each item moves on its own.
+
+    def bulk_page(self, query: ItemQuery, *, cursor: str | None = None, limit: int = 1000) -> BulkPage:
+        """Return the items ``query`` matches among the next ``limit`` items by a key no
+        write changes, from ``cursor`` (``None``: the first), and the next cursor. A
+        store may read about ``limit`` rather than exactly (Redis reads a step of
+        ``ZSCAN``, a small queue at once).
+
+        A page may hold fewer matches than ``limit``, even none, with a cursor to go on
+        from; the cursor is ``None`` once every item was read. An item present from the
+        first page to the last is returned at least once, whatever is held, released,
+        added or dropped meanwhile. ``text`` is matched as ``ItemQuery.matches`` says.
+        """
+        ids = sorted(item.id for item in self._scan())
+        start = 0 if cursor is None else next((i for i, item_id in enumerate(ids) if item_id > cursor), len(ids))
+        chunk = ids[start : start + limit]
+        found = [item for item_id in chunk if (item := self.get(item_id)) is not None and query.matches(item)]
+        return BulkPage(items=tuple(found), cursor=chunk[-1] if start + limit < len(ids) else None)
+
+    def hold(self, item_ids: Sequence[str], *, now: datetime) -> HoldResult:
+        """Hold the items named: none is claimed until ``release``d.
+
+        An item a lease holds at ``now`` is left alone (``leased``); one already held, or
+        no item, is ``unchanged``. The ORM and Redis stores hold a batch in one step.
+        """
+        changed, leased, unchanged = [], [], []
+        for item_id in dict.fromkeys(item_ids):
+            item = self.get(item_id)
+            if item is not None and item.is_leased_at(now):
+                leased.append(item_id)
+            elif item is not None and not is_held(item.next_attempt_at) and self.reschedule(item_id, at=HELD_AT):
+                changed.append(item_id)
+            else:
+                unchanged.append(item_id)
+        return HoldResult(changed=tuple(changed), leased=tuple(leased), unchanged=tuple(unchanged))
+
+    def release(self, item_ids: Sequence[str], *, now: datetime) -> HoldResult:
+        """Make the held items named due at ``now``; an item not held, or no item, is
+        ``unchanged``. Idle workers are woken when one was released."""
+        changed, unchanged = [], []
+        for item_id in dict.fromkeys(item_ids):
+            item = self.get(item_id)
+            if item is not None and is_held(item.next_attempt_at) and self.reschedule(item_id, at=now):
+                changed.append(item_id)
+            else:
+                unchanged.append(item_id)
+        return HoldResult(changed=tuple(changed), unchanged=tuple(unchanged))
 
     # -- MTA-STS policies and TLS report counts (docs/mta-sts.md) ---------------------------
 
@@ -575,8 +647,9 @@ class QueueStore(abc.ABC):
 
     @staticmethod
     def is_waiting(item: QueueItem, now: datetime) -> bool:
-        """Return whether ``item`` waits for a later attempt at ``now``: not due yet, no lease on it."""
-        return item.next_attempt_at > now and not item.is_leased_at(now)
+        """Return whether ``item`` waits for a later attempt at ``now``: not due yet, no
+        lease on it, not held."""
+        return now < item.next_attempt_at < HELD_AT and not item.is_leased_at(now)
 
     @staticmethod
     def has_deferred_recipient(item: QueueItem, domain: str | None = None) -> bool:

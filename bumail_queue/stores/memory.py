@@ -14,7 +14,20 @@ from bumail_queue.addresses import normal_address
 from bumail_queue.conf import QueueSettings
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, fair_order
-from bumail_queue.queries import SEARCH_HEAD_BYTES, ItemQuery, QueueGauges, gauges_of, headers_contain, lane_order
+from bumail_queue.queries import (
+    HELD_AT,
+    SEARCH_HEAD_BYTES,
+    BulkPage,
+    ChannelGauges,
+    HoldResult,
+    ItemQuery,
+    QueueGauges,
+    channel_gauges_of,
+    gauges_of,
+    headers_contain,
+    is_held,
+    lane_order,
+)
 from bumail_queue.shaping import Bucket, DestinationState, Permit, PermitRequest, WindowChange, seconds
 from bumail_queue.sts import STSFailure, STSPolicy, TLSSessionCount
 from bumail_queue.suppression import (
@@ -114,6 +127,11 @@ class MemoryStore(QueueStore):
         """Every item counted, under the lock: one pass, no copy, no sort."""
         with self._lock:
             return gauges_of((e.item for e in self._entries.values()), now=now)
+
+    def channel_gauges(self, *, now: datetime) -> dict[str, ChannelGauges]:
+        """Every item counted, under the lock, as ``gauges``."""
+        with self._lock:
+            return channel_gauges_of((e.item for e in self._entries.values()), now=now)
 
     def search(self, query: ItemQuery, *, offset: int = 0, limit: int = 100) -> builtins.list[QueueItem]:
         """Match as ``ItemQuery`` says, and ``text`` in the message's header block too."""
@@ -244,6 +262,45 @@ class MemoryStore(QueueStore):
                     entry.item = dataclasses.replace(entry.item, next_attempt_at=now)
                     moved += 1
             return moved
+
+    def bulk_page(self, query: ItemQuery, *, cursor: str | None = None, limit: int = 1000) -> BulkPage:
+        """By ``seq``, the order items were added in, which no write changes."""
+        after = 0 if cursor is None else int(cursor)
+        with self._lock:
+            entries = sorted((e for e in self._entries.values() if e.seq > after), key=lambda e: e.seq)
+            page = entries[:limit]
+            found = tuple(self._copy(e.item) for e in page if query.matches(e.item))
+            return BulkPage(items=found, cursor=str(page[-1].seq) if len(entries) > limit else None)
+
+    def hold(self, item_ids: Sequence[str], *, now: datetime) -> HoldResult:
+        """The batch under the lock."""
+        changed, leased, unchanged = [], [], []
+        with self._lock:
+            for item_id in dict.fromkeys(item_ids):
+                entry = self._entries.get(item_id) if self.is_known_id(item_id) else None
+                if entry is not None and entry.item.is_leased_at(now):
+                    leased.append(item_id)
+                elif entry is not None and not is_held(entry.item.next_attempt_at):
+                    entry.item = dataclasses.replace(
+                        entry.item, next_attempt_at=HELD_AT, lease_owner=None, lease_expires_at=None
+                    )
+                    changed.append(item_id)
+                else:
+                    unchanged.append(item_id)
+        return HoldResult(changed=tuple(changed), leased=tuple(leased), unchanged=tuple(unchanged))
+
+    def release(self, item_ids: Sequence[str], *, now: datetime) -> HoldResult:
+        """The batch under the lock."""
+        changed, unchanged = [], []
+        with self._lock:
+            for item_id in dict.fromkeys(item_ids):
+                entry = self._entries.get(item_id) if self.is_known_id(item_id) else None
+                if entry is not None and is_held(entry.item.next_attempt_at):
+                    entry.item = dataclasses.replace(entry.item, next_attempt_at=now)
+                    changed.append(item_id)
+                else:
+                    unchanged.append(item_id)
+        return HoldResult(changed=tuple(changed), unchanged=tuple(unchanged))
 
     def cancel(self, item_id: str) -> QueueItem | None:
         with self._lock:

@@ -22,12 +22,13 @@ Times are made here and given to the store: a store keeps no clock. Importing th
 package imports pytest; nothing else in ``bumail_queue`` does.
 
 The promises are grouped by what they are about, one mixin each (``items``, ``claims``,
-``operators``, ``sts``, ``suppressions``, ``shaping``); ``values`` holds what they are
+``operators``, ``sts``, ``suppressions``, ``shaping``, ``bulk``); ``values`` holds what they are
 written with, which tests of a store's own may use too.
 """
 
 from __future__ import annotations
 
+from bumail_queue.testing.bulk import BulkContract
 from bumail_queue.testing.claims import ClaimsContract
 from bumail_queue.testing.items import ItemsContract
 from bumail_queue.testing.operators import OperatorsContract
@@ -56,6 +57,7 @@ __all__ = [
     "NO_SUCH_USER",
     "OK",
     "T0",
+    "BulkContract",
     "ShapingContract",
     "StoreContract",
     "claim_one",
@@ -70,6 +72,6 @@ __all__ = [
 
 
 class StoreContract(
-    ItemsContract, ClaimsContract, OperatorsContract, STSContract, SuppressionsContract, ShapingContract
+    ItemsContract, ClaimsContract, OperatorsContract, STSContract, SuppressionsContract, ShapingContract, BulkContract
 ):
     """Every promise of a ``QueueStore``: inherit it in a pytest class with a ``store`` fixture."""

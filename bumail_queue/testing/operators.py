@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from bumail_queue.items import QueueItem
 from bumail_queue.items import RecipientStatus as S
-from bumail_queue.queries import ItemQuery, ItemState, QueueGauges, RetryResult
+from bumail_queue.queries import ChannelGauges, ItemQuery, ItemState, QueueGauges, RetryResult
 from bumail_queue.stores.base import QueueStore
 from bumail_queue.testing.values import (
     LATER,
@@ -148,6 +148,7 @@ class OperatorsContract:
             ItemState.QUEUED: [queued.id],
             ItemState.DEFERRED: [deferred.id],
             ItemState.DELIVERING: [delivering.id],
+            ItemState.HELD: [],
         }
         # Once its lease has expired, an item is no longer being delivered.
         later = T0 + LEASE + timedelta(seconds=1)
@@ -200,7 +201,12 @@ class OperatorsContract:
         now = T0 + timedelta(minutes=1)
         summary = store.summary(now=now)
         assert summary.total == 4
-        assert dict(summary.by_state) == {ItemState.QUEUED: 2, ItemState.DEFERRED: 1, ItemState.DELIVERING: 1}
+        assert dict(summary.by_state) == {
+            ItemState.QUEUED: 2,
+            ItemState.DEFERRED: 1,
+            ItemState.DELIVERING: 1,
+            ItemState.HELD: 0,
+        }
         assert summary.oldest_created_at == old.created_at
         assert summary.due == 1  # the old one; ``queued`` is due at T0 + 5 minutes
         assert summary.pending_recipients == 5
@@ -237,9 +243,14 @@ class OperatorsContract:
         gauges = store.gauges(now=T0 + timedelta(minutes=1))
         assert gauges == QueueGauges(
             now=T0 + timedelta(minutes=1),
-            items={ItemState.QUEUED: 2, ItemState.DEFERRED: 1, ItemState.DELIVERING: 1},
+            items={ItemState.QUEUED: 2, ItemState.DEFERRED: 1, ItemState.DELIVERING: 1, ItemState.HELD: 0},
             recipients={S.PENDING: 4, S.DEFERRED: 1},
-            oldest={ItemState.QUEUED: old.created_at, ItemState.DEFERRED: T0, ItemState.DELIVERING: T0},
+            oldest={
+                ItemState.QUEUED: old.created_at,
+                ItemState.DEFERRED: T0,
+                ItemState.DELIVERING: T0,
+                ItemState.HELD: None,
+            },
             due=1,  # the old one: ``queued`` is due at T0 + 5 minutes, ``deferred`` at T0 + 30
             first_due_at=old.created_at,
             exact=True,
@@ -250,7 +261,7 @@ class OperatorsContract:
         self._three_states(store)
         later = T0 + LEASE + timedelta(seconds=1)
         gauges = store.gauges(now=later)
-        assert gauges.items == {ItemState.QUEUED: 2, ItemState.DEFERRED: 1, ItemState.DELIVERING: 0}
+        assert gauges.items == {ItemState.QUEUED: 2, ItemState.DEFERRED: 1, ItemState.DELIVERING: 0, ItemState.HELD: 0}
         assert gauges.oldest[ItemState.DELIVERING] is None
         # The item whose lease expired (due at its lease's end) and the queued one.
         assert (gauges.due, gauges.first_due_at) == (2, T0 + timedelta(minutes=5))
@@ -273,7 +284,7 @@ class OperatorsContract:
         store.add(new_item(recipients=["d@three.example"]))
         gauges = store.gauges(now=T0)
         assert gauges.recipients == {S.PENDING: 1, S.DEFERRED: 1}
-        assert gauges.items == {ItemState.QUEUED: 1, ItemState.DEFERRED: 1, ItemState.DELIVERING: 0}
+        assert gauges.items == {ItemState.QUEUED: 1, ItemState.DEFERRED: 1, ItemState.DELIVERING: 0, ItemState.HELD: 0}
 
     def test_gauges_of_an_empty_queue(self, store: QueueStore) -> None:
         gauges = store.gauges(now=T0)
@@ -286,6 +297,37 @@ class OperatorsContract:
             first_due_at=None,
             exact=True,
         )
+
+    def test_channel_gauges_count_each_channels_items_by_state_and_its_oldest(self, store: QueueStore) -> None:
+        tried_once(store, ["a@one.example"])  # the default channel's, deferred
+        store.add(new_item(channel="alerts", created_at=T0 - timedelta(minutes=9)))
+        assert claim_one(store, "w1").channel == "alerts"
+        store.add_many(
+            [
+                new_item(channel="news", created_at=T0 - timedelta(minutes=3)),
+                new_item(channel="news", created_at=T0 - timedelta(minutes=1)),
+            ]
+        )
+        now = T0 + timedelta(minutes=1)
+        by_channel = store.channel_gauges(now=now)
+        zero, none = dict.fromkeys(ItemState, 0), dict.fromkeys(ItemState)
+        assert by_channel == {
+            "default": ChannelGauges(items=zero | {ItemState.DEFERRED: 1}, oldest=none | {ItemState.DEFERRED: T0}),
+            "alerts": ChannelGauges(
+                items=zero | {ItemState.DELIVERING: 1},
+                oldest=none | {ItemState.DELIVERING: T0 - timedelta(minutes=9)},
+            ),
+            "news": ChannelGauges(
+                items=zero | {ItemState.QUEUED: 2}, oldest=none | {ItemState.QUEUED: T0 - timedelta(minutes=3)}
+            ),
+        }
+        # Summed over the channels, the queue's own gauges.
+        gauges = store.gauges(now=now)
+        for state in ItemState:
+            assert sum(channel.items[state] for channel in by_channel.values()) == gauges.items[state]
+
+    def test_channel_gauges_of_an_empty_queue(self, store: QueueStore) -> None:
+        assert store.channel_gauges(now=T0) == {}
 
     def test_estimated_count_of_a_small_queue_is_exact(self, store: QueueStore) -> None:
         store.add_many([new_item(), new_item(), new_item()])

@@ -174,3 +174,26 @@ def test_the_overview_draws_the_queue(page, screenshot):
     assert page.locator("#bq-shape tr[data-domain='example.org']").count() == 1
     assert page.locator("svg.bq-bar rect").count() >= 2
     screenshot(page, "admin-overview.png")
+
+
+def test_the_page_of_an_address_from_the_suppression_list(page, screenshot):
+    page.goto("/admin/bumail_queue/suppression/add/")
+    page.fill("input[name=address]", "alice@example.org")
+    page.fill("input[name=note]", "Asked for no newsletter by phone")
+    page.fill("input[name=channel]", "newsletter")
+    page.click(".submit-row input[type=submit]")
+    page.wait_for_selector("tr[data-address='alice@example.org']")
+
+    page.click("tr[data-address='alice@example.org'] a.bq-address")
+    page.wait_for_selector("#bq-address-items")
+    assert_sidebar_open(page)
+    assert page.locator("h1").inner_text() == "Mail to alice@example.org"
+    assert "channel:newsletter" in page.locator("#bq-address-suppressions").inner_text()
+    assert "Your order #1042 has shipped" in page.locator("#bq-address-items").inner_text()
+    assert "Greylisted" in page.locator("#bq-address-log").inner_text()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    screenshot(page, "admin-address.png")
+
+    page.click("#bq-address-suppressions button.bq-remove")
+    page.wait_for_selector("#bq-not-suppressed")
+    assert "1 suppression entry removed." in page.locator(".messagelist").inner_text()

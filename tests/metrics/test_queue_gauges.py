@@ -80,6 +80,60 @@ def test_an_empty_queue_reads_zero_everywhere(store):
     assert not any(name != "bumail_queue_delivery_log_entries_last_hour" and value for name, value in gauges.items())
 
 
+def channel_series(samples, name="bumail_queue_channel_items"):
+    """``{(channel, state): value}`` of one of the families by channel."""
+    return {
+        (dict(labels)["channel"], dict(labels)["state"]): value
+        for (family, labels), value in samples.items()
+        if family == name
+    }
+
+
+def test_the_collector_serves_each_channels_items_and_oldest(store):
+    store.add(new_item(channel="alerts", created_at=T0 - timedelta(minutes=9)))
+    claim_one(store, "w1")
+    store.add_many(
+        [
+            new_item(channel="news", created_at=T0 - timedelta(minutes=3)),
+            new_item(channel="news", created_at=T0 - timedelta(minutes=1)),
+            new_item(created_at=T0 - timedelta(minutes=2)),
+        ]
+    )
+    now = T0 + timedelta(minutes=1)
+    unsubscribe = {"digest": {"URL": "https://www.example.com/mail/unsubscribe/"}}
+    with override_settings(BUMAIL_QUEUE={"HOSTNAME": "mta.example.com", "UNSUBSCRIBE": unsubscribe}):
+        samples = scraped(QueueCollector(store=lambda: store, clock=lambda: now))
+    items = channel_series(samples)
+    assert {channel for channel, _ in items} == {"default", "alerts", "news", "digest"}
+    assert {key: n for key, n in items.items() if n} == {
+        ("alerts", "delivering"): 1,
+        ("news", "queued"): 2,
+        ("default", "queued"): 1,
+    }
+    # A channel the settings name is always there, at zero while it holds nothing.
+    assert not any(n for (channel, _), n in items.items() if channel == "digest")
+    # Summed over the channels: the queue's own gauges, series by series.
+    for state in ItemState:
+        assert (
+            sum(n for (_, s), n in items.items() if s == state) == samples[("bumail_queue_items", (("state", state),))]
+        )
+    oldest = channel_series(samples, "bumail_queue_channel_oldest_item_age_seconds")
+    assert oldest[("news", "queued")] == 4 * 60
+    assert oldest[("alerts", "delivering")] == 10 * 60
+    assert oldest[("news", "deferred")] == 0
+
+
+def test_channels_beyond_the_bound_are_summed_under_other(store):
+    store.add_many([new_item(channel="big") for _ in range(3)])
+    store.add_many([new_item(channel=f"ch{n:02}") for n in range(1, 23)])
+    samples = scraped(QueueCollector(store=lambda: store, clock=lambda: T0))
+    queued = {channel: n for (channel, state), n in channel_series(samples).items() if state == "queued"}
+    # default (always), the largest, then the rest by name up to 20, and the others summed.
+    assert list(queued) == ["default", "big", *[f"ch{n:02}" for n in range(1, 19)], "other"]
+    assert (queued["default"], queued["big"], queued["ch01"], queued["other"]) == (0, 3, 1, 4)
+    assert sum(queued.values()) == samples[("bumail_queue_items", (("state", "queued"),))] == 25
+
+
 def test_the_delivery_logs_last_hour_counts_each_status():
     now = T0 + timedelta(hours=5)
     for status, minutes_ago in [
@@ -166,7 +220,7 @@ def test_a_large_queue_on_postgresql_is_estimated_from_a_sample_with_its_oldest_
     store.gauge_sample_rows = 600
     sampled = store.gauges(now=later)
     assert exact.exact and not sampled.exact
-    assert exact.items == FILLED
+    assert exact.items == FILLED | {ItemState.HELD: 0}
     for state in (ItemState.QUEUED, ItemState.DEFERRED):
         assert_near(sampled.items[state], exact.items[state])
     assert_near(sampled.total, 3000, 0.02)  # the planner's count, after ANALYZE
@@ -186,7 +240,7 @@ def test_a_large_queue_on_redis_is_counted_on_its_sorted_sets_and_split_from_a_d
     redis_store.gauge_sample_rows = 600
     sampled = redis_store.gauges(now=later)
     assert exact.exact and not sampled.exact
-    assert exact.items == FILLED
+    assert exact.items == FILLED | {ItemState.HELD: 0}
     # What the sorted sets count is exact at any size; the split and the recipients are drawn.
     assert sampled.items[ItemState.DELIVERING] == 50
     assert sampled.total == 3000
@@ -194,3 +248,76 @@ def test_a_large_queue_on_redis_is_counted_on_its_sorted_sets_and_split_from_a_d
     assert_near(sampled.items[ItemState.DEFERRED], 1000)
     assert_near(sampled.recipients[S.DEFERRED], 1000)
     assert_near(sampled.recipients[S.PENDING], 2000)
+
+
+def filled_by_channel(store, later):
+    """Each channel's gauges of ``fill`` exact, and with a sample of 600 items."""
+    store.gauge_sample_rows = 10_000
+    exact = store.channel_gauges(now=later)
+    store.gauge_sample_rows = 600
+    return exact, store.channel_gauges(now=later)
+
+
+@pytest.mark.postgres
+def test_a_large_queue_by_channel_on_postgresql_is_estimated_from_a_sample():
+    store = ORMStore(get_settings())
+    later = fill(store, 3000)
+    store.add_many([new_item(channel="alerts") for _ in range(5)])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE bumail_queue_items")
+    exact, sampled = filled_by_channel(store, later)
+    assert exact["default"].exact and {state: n for state, n in exact["default"].items.items() if n} == FILLED
+    assert exact["alerts"].total == 5
+    assert not sampled["default"].exact
+    assert_near(sum(channel.total for channel in sampled.values()), 3005, 0.02)  # the planner's count
+    assert_near(sampled["default"].items[ItemState.DEFERRED], 1000)
+
+
+@pytest.mark.redis
+def test_a_large_queue_by_channel_on_redis_is_split_from_a_draw(redis_store: RedisStore):
+    later = fill(redis_store, 3000)
+    redis_store.add_many([new_item(channel="alerts") for _ in range(5)])
+    exact, sampled = filled_by_channel(redis_store, later)
+    assert exact["default"].exact and {state: n for state, n in exact["default"].items.items() if n} == FILLED
+    assert exact["alerts"].total == 5
+    assert not sampled["default"].exact
+    assert_near(sum(channel.total for channel in sampled.values()), 3005, 0.01)  # scaled to the count
+    assert_near(sampled["default"].items[ItemState.DEFERRED], 1000)
+
+
+# -- shaping: the destinations that hold mail back -------------------------------------------
+
+
+@pytest.mark.parametrize("store_name", ["orm", "memory", pytest.param("redis", marks=pytest.mark.redis)])
+def test_each_shaped_destination_says_whether_it_holds_mail_back(store_name, request, settings):
+    from bumail_queue.shaping import Limits, PermitRequest
+    from bumail_queue.stores import get_store
+
+    store = request.getfixturevalue("redis_settings") if store_name == "redis" else {"STORE": store_name}
+    settings.BUMAIL_QUEUE = {"HOSTNAME": "mta.example.com", **store, "SHAPING": {"*": {"CONCURRENCY": 2}}}
+    now = T0 + timedelta(days=1)
+    shaped = get_store()
+    limits = Limits(concurrency=2)
+    shaped.release_permit("slow.example", slot=None, now=now, suspend_until=now + timedelta(minutes=5))
+    shaped.take_permit(PermitRequest(key="busy.example", limits=limits, now=now, held=4, held_until=now + LEASE))
+    shaped.take_permit(PermitRequest(key="calm.example", limits=limits, now=now, slot="s1", slot_until=now + LEASE))
+
+    samples = scraped(QueueCollector(clock=lambda: now))
+    throttled = {
+        dict(labels)["destination"]: value
+        for (name, labels), value in samples.items()
+        if name == "bumail_queue_destination_throttled"
+    }
+    assert throttled == {"slow.example": 1, "busy.example": 1, "calm.example": 0}
+    # Once the suspension and the held items' last due time are past, none is.
+    later = scraped(QueueCollector(clock=lambda: now + timedelta(minutes=30)))
+    assert {
+        dict(labels)["destination"]: value
+        for (name, labels), value in later.items()
+        if name == "bumail_queue_destination_throttled"
+    } == {"slow.example": 0, "busy.example": 0, "calm.example": 0}
+
+
+def test_without_shaping_no_destination_is_reported():
+    samples = scraped(QueueCollector(clock=lambda: T0))
+    assert not any(name == "bumail_queue_destination_throttled" for name, _ in samples)

@@ -17,10 +17,13 @@ class TestStoreContract(StoreContract):
 
 
 class MemoryStoreOnTheDefaults(MemoryStore):
-    """The memory store with the base class's own ``retry_deferred``: what a store of
-    your own that does not override it gets."""
+    """The memory store with the base class's own ``retry_deferred``, ``bulk_page``,
+    ``hold`` and ``release``: what a store of your own that does not override them gets."""
 
     retry_deferred = QueueStore.retry_deferred
+    bulk_page = QueueStore.bulk_page
+    hold = QueueStore.hold
+    release = QueueStore.release
 
 
 class TestTheDefaultsKeepTheContract(StoreContract):

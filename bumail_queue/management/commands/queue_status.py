@@ -62,7 +62,11 @@ def store_errors_in_one_line() -> Iterator[None]:
 
 def render(summary: QueueSummary, *, top: int) -> list[str]:
     """Return the text report, line by line."""
-    states = ", ".join(f"{summary.by_state.get(state, 0)} {state.label.lower()}" for state in ItemState)
+    states = ", ".join(
+        f"{summary.by_state.get(state, 0)} {state.label.lower()}"
+        for state in ItemState
+        if state != ItemState.HELD or summary.by_state.get(state, 0)  # held: only when some are
+    )
     lines = [f"{summary.total} item{'s' if summary.total != 1 else ''} queued: {states}; {summary.due} due now."]
     if summary.oldest_created_at is None:
         lines.append("The queue is empty.")

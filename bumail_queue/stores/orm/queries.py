@@ -21,6 +21,7 @@ from bumail_queue.estimates import current_rows_estimate
 from bumail_queue.items import QueueItem, RecipientStatus
 from bumail_queue.models import Item
 from bumail_queue.queries import (
+    HELD_AT,
     SEARCH_HEAD_BYTES,
     ItemQuery,
     ItemState,
@@ -65,11 +66,17 @@ def _leased(now: datetime) -> Q:
     return Q(lease_owner__isnull=False, lease_expires_at__gt=now)
 
 
+def _held(now: datetime) -> Q:
+    return ~_leased(now) & Q(next_attempt_at__gte=HELD_AT)
+
+
 def _state_filter(state: ItemState, now: datetime) -> Q:
     if state == ItemState.DELIVERING:
         return _leased(now)
+    if state == ItemState.HELD:
+        return _held(now)
     tried = Q(attempts__gt=0) if state == ItemState.DEFERRED else Q(attempts=0)
-    return ~_leased(now) & tried
+    return ~_leased(now) & Q(next_attempt_at__lt=HELD_AT) & tried
 
 
 def _headers_match(store: ORMTables, text: str) -> RawSQL:
@@ -96,8 +103,25 @@ def _headers_match(store: ORMTables, text: str) -> RawSQL:
     return RawSQL(sql, [pattern])  # noqa: S611 - the text is a parameter; the rest is ours
 
 
-def _filter(store: ORMTables, query: ItemQuery) -> Q:
+def _sql_pattern(pattern: str, anything: str) -> str:
+    """An address pattern (``queries.address_pattern``) as a regular expression both
+    databases read alike: each literal character in brackets, ``*`` as ``anything``."""
+    parts = ("".join(f"[{c}]" if c not in "\\^]" else f"\\{c}" for c in part) for part in pattern.strip().split("*"))
+    return anything.join(parts)
+
+
+def item_filter(store: ORMTables, query: ItemQuery) -> Q:
+    """The condition of ``query``; ``sender`` and ``recipient`` patterns are left to
+    ``ItemQuery.matches_addresses`` (``bulk``), ``older_than`` is a condition."""
     where = Q()
+    if query.created_before is not None:
+        where &= Q(created_at__lt=query.created_before)
+    if query.sender is not None:
+        where &= Q(sender__iregex=f"^{_sql_pattern(query.sender, '.*')}$")
+    if query.recipient is not None:
+        # The recipients are JSON: one address matches where a value of "address" does.
+        address = _sql_pattern(query.recipient, '[^"]*')
+        where &= Q(recipients__iregex=f'"address": ?"{address}"')
     if query.state is not None:
         where &= _state_filter(query.state, query.now)
     if query.domain is not None:
@@ -117,7 +141,7 @@ def _filter(store: ORMTables, query: ItemQuery) -> Q:
 
 def search(store: ORMTables, query: ItemQuery, *, offset: int, limit: int) -> list[QueueItem]:
     """Return a page of matching items, earliest due first, in one statement."""
-    rows = Item.objects.using(store.alias).filter(_filter(store, query)).order_by("next_attempt_at", "seq")
+    rows = Item.objects.using(store.alias).filter(item_filter(store, query)).order_by("next_attempt_at", "seq")
     with store.translated_errors():
         return [row.to_queue_item() for row in rows[offset : offset + limit]]
 
@@ -134,7 +158,8 @@ def summary(store: ORMTables, *, now: datetime, age_buckets: Sequence[timedelta]
         counts = Item.objects.using(store.alias).aggregate(
             total=Count("seq"),
             delivering=Count("seq", filter=leased),
-            deferred=Count("seq", filter=~leased & Q(attempts__gt=0)),
+            deferred=Count("seq", filter=~leased & Q(attempts__gt=0, next_attempt_at__lt=HELD_AT)),
+            held=Count("seq", filter=_held(now)),
             due=Count("seq", filter=~leased & Q(next_attempt_at__lte=now)),
             oldest=Min("created_at"),
         )
@@ -149,7 +174,8 @@ def summary(store: ORMTables, *, now: datetime, age_buckets: Sequence[timedelta]
     by_state = {
         ItemState.DELIVERING: counts["delivering"],
         ItemState.DEFERRED: counts["deferred"],
-        ItemState.QUEUED: counts["total"] - counts["delivering"] - counts["deferred"],
+        ItemState.HELD: counts["held"],
+        ItemState.QUEUED: counts["total"] - counts["delivering"] - counts["deferred"] - counts["held"],
     }
     shape = shape_from_counts({(domain or "", index): n for domain, index, n in shape_rows}, len(age_buckets) + 1)
     return QueueSummary(
@@ -209,9 +235,17 @@ OLDEST_READ = 1000
 
 # The states of one row, as SQL over the columns of ``_gauged_rows`` (alias ``g``).
 _LEASED = "g.leased"
-_DEFERRED = "NOT g.leased AND g.attempts > 0"
-_QUEUED = "NOT g.leased AND g.attempts = 0"
+_HELD = "NOT g.leased AND g.held"
+_DEFERRED = "NOT g.leased AND NOT g.held AND g.attempts > 0"
+_QUEUED = "NOT g.leased AND NOT g.held AND g.attempts = 0"
 _DUE = "NOT g.leased AND g.next_attempt_at <= %s"
+
+
+def held_literal(store: ORMTables) -> str:
+    """``HELD_AT`` as a constant of this database's SQL: SQLite's text, PostgreSQL's
+    ``timestamptz``."""
+    held = store.prep_time(HELD_AT)
+    return f"'{held}'" if isinstance(held, str) else f"'{HELD_AT.isoformat()}'::timestamptz"
 
 
 def gauges(store: ORMTables, *, now: datetime) -> QueueGauges:
@@ -244,6 +278,7 @@ def _gauged_rows(store: ORMTables, sample: str) -> str:
     q, items = store.quote, store.quote(store.items_table)
     columns = f"i.{q('created_at')}, i.{q('next_attempt_at')}, i.{q('attempts')}"
     leased = f"(i.{q('lease_owner')} IS NOT NULL AND i.{q('lease_expires_at')} > %s)"
+    columns += f", (i.{q('next_attempt_at')} >= {held_literal(store)}) AS held"
     if store.connection.vendor == "postgresql":
         return (
             f"SELECT {columns}, {leased} AS leased, r.pending, r.deferred FROM {items} AS i {sample} "
@@ -268,7 +303,8 @@ def _gauges_sql(store: ORMTables, percent: float | None) -> str:
         f"min(g.created_at) FILTER (WHERE {_DEFERRED}) AS oldest_deferred, "
         f"min(g.created_at) FILTER (WHERE {_LEASED}) AS oldest_delivering, "
         f"count(*) FILTER (WHERE {_DUE}) AS due, min(g.next_attempt_at) FILTER (WHERE {_DUE}) AS first_due, "
-        "coalesce(sum(g.pending), 0) AS pending, coalesce(sum(g.deferred), 0) AS deferred_recipients "
+        "coalesce(sum(g.pending), 0) AS pending, coalesce(sum(g.deferred), 0) AS deferred_recipients, "
+        f"count(*) FILTER (WHERE {_HELD}) AS held, min(g.created_at) FILTER (WHERE {_HELD}) AS oldest_held "
         f"FROM ({_gauged_rows(store, sample)}) AS g"
     )
     if percent is None:
@@ -279,8 +315,10 @@ def _gauges_sql(store: ORMTables, percent: float | None) -> str:
     oldest = (
         f"SELECT min(g.created_at) FILTER (WHERE {_QUEUED}) AS queued, "
         f"min(g.created_at) FILTER (WHERE {_DEFERRED}) AS deferred, "
-        f"min(g.created_at) FILTER (WHERE {_LEASED}) AS delivering FROM ("
-        f"SELECT {q('created_at')} AS created_at, {q('attempts')} AS attempts, {leased} AS leased "
+        f"min(g.created_at) FILTER (WHERE {_LEASED}) AS delivering, "
+        f"min(g.created_at) FILTER (WHERE {_HELD}) AS held FROM ("
+        f"SELECT {q('created_at')} AS created_at, {q('attempts')} AS attempts, {leased} AS leased, "
+        f"{q('next_attempt_at')} >= {held_literal(store)} AS held "
         f"FROM {items} ORDER BY {q('seq')} LIMIT {OLDEST_READ}) AS g"
     )
     first_due = (
@@ -288,27 +326,28 @@ def _gauges_sql(store: ORMTables, percent: float | None) -> str:
         f"ORDER BY {q('next_attempt_at')}, {q('seq')} LIMIT 1"
     )
     return (
-        f"SELECT c.*, o.queued, o.deferred, o.delivering, ({first_due}) AS exact_first_due "
+        f"SELECT c.*, o.queued, o.deferred, o.delivering, o.held, ({first_due}) AS exact_first_due "
         f"FROM ({counted}) AS c CROSS JOIN ({oldest}) AS o"
     )
 
 
 def _gauges_from_row(row: Sequence[Any], *, now: datetime, estimate: int | None) -> QueueGauges:
     """Read the statement's row; with the table's ``estimate``, the counts are a sample's."""
-    queued, deferred, delivering, *oldest, due, first_due, pending, deferred_recipients = row[:10]
-    oldest_times = [aware(value) for value in oldest]
+    queued, deferred, delivering, *oldest, due, first_due, pending, deferred_recipients, held, oldest_held = row[:12]
+    oldest_times = [aware(value) for value in (*oldest, oldest_held)]
     first_due_at = aware(first_due)
     scale: float | None = None
     if estimate is not None:  # sampled: the oldest items' and the due index's exact answers
-        exact_oldest = [aware(value) for value in row[10:13]]
+        exact_oldest = [aware(value) for value in row[12:16]]
         oldest_times = [_earliest(a, b) for a, b in zip(oldest_times, exact_oldest, strict=True)]
-        first_due_at = aware(row[13])
-        sampled_rows = queued + deferred + delivering
+        first_due_at = aware(row[16])
+        sampled_rows = queued + deferred + delivering + held
         scale = estimate / sampled_rows if sampled_rows else 0.0
-    states = (ItemState.QUEUED, ItemState.DEFERRED, ItemState.DELIVERING)
+    states = (ItemState.QUEUED, ItemState.DEFERRED, ItemState.DELIVERING, ItemState.HELD)
+    counts = (queued, deferred, delivering, held)
     return QueueGauges(
         now=now,
-        items={state: scaled(int(n), scale) for state, n in zip(states, (queued, deferred, delivering), strict=True)},
+        items={state: scaled(int(n), scale) for state, n in zip(states, counts, strict=True)},
         recipients={
             RecipientStatus.PENDING: scaled(int(pending), scale),
             RecipientStatus.DEFERRED: scaled(int(deferred_recipients), scale),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from bumail_queue.items import QueueItem
 from bumail_queue.queries import RetryResult
@@ -81,9 +81,13 @@ class ORMRetries(ORMConnection):
 
     @built_once
     def _waiting_sql(self) -> str:
-        """Not due yet at the first ``%s``, and free of a lease at the second."""
+        """Not due yet at the first ``%s``, and free of a lease at the second; not held."""
         q = self.quote
-        return f"{q('next_attempt_at')} > %s AND ({q('lease_owner')} IS NULL OR {q('lease_expires_at')} <= %s)"
+        held = queries.held_literal(cast("queries.ORMTables", self))
+        return (
+            f"{q('next_attempt_at')} > %s AND {q('next_attempt_at')} < {held} "
+            f"AND ({q('lease_owner')} IS NULL OR {q('lease_expires_at')} <= %s)"
+        )
 
     @built_once
     def _deferred_recipient_sql(self, condition: str = "") -> str:

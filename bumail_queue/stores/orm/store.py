@@ -14,7 +14,8 @@ cancel) are single SQL statements with ``RETURNING``, so each is one round trip:
 The class is made of one class per capability over ``connection`` (the plumbing they
 share: quoting, the drivers' values, the statement cache, the error translation):
 ``items`` (adding, reading, cancelling), ``claims`` (leases and outcomes, the claim's
-statements in ``claim_sql``), ``retries``, ``sts``; it hands the operators' reads to
+statements in ``claim_sql``), ``retries``, ``bulk`` (a filter's items in pages, held
+and released in batches, over ``retries``), ``sts``; it hands the operators' reads to
 ``queries``, the suppression list to ``suppressions`` and shaping to ``shaping``; the
 database's particulars are ``database``'s.
 
@@ -32,23 +33,23 @@ from django.core import checks
 from bumail_queue.conf import QueueSettings
 from bumail_queue.estimates import planner_estimate
 from bumail_queue.items import QueueItem
-from bumail_queue.queries import AGE_BUCKETS, ItemCount, ItemQuery, QueueGauges, QueueSummary
+from bumail_queue.queries import AGE_BUCKETS, ChannelGauges, ItemCount, ItemQuery, QueueGauges, QueueSummary
 from bumail_queue.shaping import DestinationState, Permit, PermitRequest, WindowChange
 from bumail_queue.stores.base import MESSAGE_HEAD_BYTES
 from bumail_queue.suppression import Suppression, SuppressionChange, SuppressionReason, SuppressionUpdate
 
-from . import queries, suppressions
+from . import channels, queries, suppressions
+from .bulk import ORMBulk
 from .claims import ORMClaims
 from .database import (
     check_database,
 )
 from .items import ORMItems
-from .retries import ORMRetries
 from .shaping import ORMShaping
 from .sts import ORMSTS
 
 
-class ORMStore(ORMItems, ORMClaims, ORMRetries, ORMSTS):
+class ORMStore(ORMItems, ORMClaims, ORMBulk, ORMSTS):
     """Keeps the queue in ``bumail_queue_items`` / ``bumail_queue_messages`` of ``DATABASE``."""
 
     supports_transactional_enqueue = True
@@ -110,6 +111,11 @@ class ORMStore(ORMItems, ORMClaims, ORMRetries, ORMSTS):
     def gauges(self, *, now: datetime) -> QueueGauges:
         """One statement; on PostgreSQL beyond ``gauge_sample_rows`` items, over a sample."""
         return queries.gauges(self, now=now)
+
+    def channel_gauges(self, *, now: datetime) -> dict[str, ChannelGauges]:
+        """One statement grouped by channel; on PostgreSQL beyond ``gauge_sample_rows``
+        items, over a sample."""
+        return channels.channel_gauges(self, now=now)
 
     def estimated_count(self) -> ItemCount:
         """On PostgreSQL, the planner's estimate once the table is large: no ``COUNT(*)``."""

@@ -11,7 +11,8 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 
-from bumail_queue.queries import GaugeTally, ItemState, QueueGauges, scaled
+from bumail_queue.items import DEFAULT_CHANNEL
+from bumail_queue.queries import ChannelGauges, GaugeTally, ItemState, QueueGauges, channel_gauges_from, scaled
 
 from .connection import RedisConnection
 from .layout import EPOCH, MICROSECOND, from_micros, micros
@@ -71,18 +72,20 @@ class RedisGauges(RedisConnection):
         # into queued and deferred, and gives the recipients per item.
         unleased, unleased_drawn = (
             int(total) - int(leased),
-            sample.items[ItemState.QUEUED] + sample.items[ItemState.DEFERRED],
+            sample.items[ItemState.QUEUED] + sample.items[ItemState.DEFERRED] + sample.items[ItemState.HELD],
         )
         deferred = round(unleased * sample.items[ItemState.DEFERRED] / unleased_drawn) if unleased_drawn else 0
+        held = round(unleased * sample.items[ItemState.HELD] / unleased_drawn) if unleased_drawn else 0
         drawn_items = unleased_drawn + sample.items[ItemState.DELIVERING]
         scale = int(total) / drawn_items if drawn_items else 0.0
         firsts = [int(score) for _, score in (*first_ready, *first_expired)]
         return QueueGauges(
             now=now,
             items={
-                ItemState.QUEUED: unleased - deferred,
+                ItemState.QUEUED: unleased - deferred - held,
                 ItemState.DEFERRED: deferred,
                 ItemState.DELIVERING: int(leased),
+                ItemState.HELD: held,
             },
             recipients={status: scaled(n, scale) for status, n in sample.recipients.items()},
             oldest=sample.oldest,
@@ -103,3 +106,31 @@ class RedisGauges(RedisConnection):
             next_attempt_at=from_micros(next_at),
             statuses=(entry["status"] for entry in json.loads(recipients)),
         )
+
+    def channel_gauges(self, *, now: datetime) -> dict[str, ChannelGauges]:
+        """Two round trips: the count of items and a draw of up to ``gauge_sample_rows``
+        of them (every one of a smaller queue, so exact), then the drawn items' channels,
+        states and ages. Beyond that many items, each channel's counts are the draw's
+        scaled to the count, and its oldest times the draw's."""
+        client = self._redis()
+        with self._translated_errors("read the queue's gauges by channel"):
+            pipe = client.pipeline(transaction=False)
+            pipe.zcard(self.keys.items)
+            pipe.zrandmember(self.keys.items, self.gauge_sample_rows)
+            total, drawn = pipe.execute()
+            pipe = client.pipeline(transaction=False)
+            for member in drawn or ():
+                pipe.hmget(self.keys.item(member[17:].decode()), ("channel", *_GAUGED_FIELDS))
+            rows = pipe.execute() if drawn else []
+        tallies: dict[str, GaugeTally] = {}
+        for channel, *fields in rows:
+            if fields[0] is None:  # gone since it was drawn
+                continue
+            name = DEFAULT_CHANNEL if channel is None else channel.decode()
+            tally = tallies.get(name)
+            if tally is None:
+                tally = tallies[name] = GaugeTally(now)
+            self._tally(tally, fields, now)
+        counted = sum(sum(tally.items.values()) for tally in tallies.values())
+        scale = None if int(total) <= self.gauge_sample_rows else (int(total) / counted if counted else 0.0)
+        return {channel: channel_gauges_from(tally, scale=scale) for channel, tally in tallies.items()}

@@ -14,7 +14,7 @@ from typing import cast
 
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import NewItem, QueueItem
-from bumail_queue.queries import RetryResult, lane_order
+from bumail_queue.queries import HELD_AT, RetryResult, lane_order
 from bumail_queue.stores.base import MESSAGE_HEAD_BYTES
 
 from . import scripts
@@ -159,7 +159,17 @@ class RedisItems(RedisConnection):
         after: str | bytes = f"({micros(now)}"
         skip = 0
         while True:
-            args = [self.keys.prefix, micros(now), self.keys.wake, "waiting", after, skip, RETRY_PAGE, *spellings]
+            args = [
+                self.keys.prefix,
+                micros(now),
+                self.keys.wake,
+                "waiting",
+                after,
+                skip,
+                RETRY_PAGE,
+                micros(HELD_AT),
+                *spellings,
+            ]
             done, after, skip, page_moved, page_unsure = self._run(
                 scripts.RETRY, "retry the deferred items", self._retry_keys, args
             )

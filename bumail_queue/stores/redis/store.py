@@ -14,7 +14,8 @@ set's score is a double, exact for such numbers until the year 2255.
 
 The class is made of one class per capability, each a thin call of its scripts
 over ``connection`` (the client, its errors, its checks): ``items`` (adding, reading,
-retrying, cancelling), ``claims`` (leases and outcomes), ``gauges``, ``suppressions``,
+retrying, cancelling), ``claims`` (leases and outcomes), ``bulk`` (a filter's items in pages, held and
+released in batches), ``gauges``, ``suppressions``,
 ``shaping`` and ``sts``; the key layout and value codec are ``layout``'s, the wake-up
 ``listener``'s.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from bumail_queue.stores.base import WorkListener
 
+from .bulk import RedisBulk
 from .claims import RedisClaims
 from .gauges import RedisGauges
 from .items import RedisItems
@@ -32,7 +34,7 @@ from .sts import RedisSTS
 from .suppressions import RedisSuppressions
 
 
-class RedisStore(RedisItems, RedisClaims, RedisGauges, RedisSuppressions, RedisShaping, RedisSTS):
+class RedisStore(RedisItems, RedisClaims, RedisBulk, RedisGauges, RedisSuppressions, RedisShaping, RedisSTS):
     """Keeps the queue in the Redis of the django-redis alias ``REDIS_CONNECTION``.
 
     Nothing connects when the store is built: the first call does, and checks that

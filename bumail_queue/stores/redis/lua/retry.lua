@@ -2,7 +2,8 @@
 --[[
 KEYS items; ARGV prefix, now, wake channel, then 'ids' and the ids; or 'waiting',
 the score to go on from, how many items of that score to pass over, how many to read,
-and the spellings of a domain (none: any domain).
+the score of a held item (HELD_AT: a held item is left held), and the spellings of a
+domain (none: any domain).
 
 Makes items due at now, as reschedule does without an owner, but leaves an item a
 lease holds at now to its worker, and never makes an item due later than it was.
@@ -80,11 +81,11 @@ end
 
 local from, skip, size = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 local spelled = {}
-for i = 8, #ARGV do
+for i = 9, #ARGV do
     spelled[ARGV[i]] = true
 end
-local any_domain = #ARGV < 8
-local page = redis.call('ZRANGEBYSCORE', KEYS[1], from, '+inf', 'WITHSCORES', 'LIMIT', skip, size)
+local any_domain = #ARGV < 9
+local page = redis.call('ZRANGEBYSCORE', KEYS[1], from, '(' .. ARGV[8], 'WITHSCORES', 'LIMIT', skip, size)
 local last, kept, unsure = from, skip, {}
 for i = 1, #page, 2 do
     local member, score = page[i], page[i + 1]
