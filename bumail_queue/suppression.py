@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, cast
 
@@ -40,6 +40,7 @@ __all__ = [
     "ascii_lower",
     "change_from",
     "channel_scope",
+    "entry_in",
     "is_scope",
     "require_scope",
     "scope_label",
@@ -114,6 +115,13 @@ def channel_scope(channel: str) -> str:
 def scopes_of(channel: str) -> tuple[str, str]:
     """Return the scopes whose entries suppress mail of ``channel``, the global one first."""
     return (GLOBAL_SCOPE, channel_scope(channel))
+
+
+def entry_in(entries: Iterable[Suppression], scopes: Sequence[str]) -> Suppression | None:
+    """Return the entry of ``entries`` (one address's) in the first of ``scopes`` that
+    has one, or ``None``: how a lookup in several scopes picks what suppresses."""
+    by_scope = {entry.scope: entry for entry in entries}
+    return next((by_scope[scope] for scope in scopes if scope in by_scope), None)
 
 
 def is_scope(scope: object) -> bool:

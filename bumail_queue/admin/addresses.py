@@ -90,12 +90,6 @@ def address_url(admin_site: admin.AdminSite, address: str) -> str | None:
         return None
 
 
-def same_address(one: str, other: str) -> bool:
-    """Whether two addresses are one mailbox: the local part as written, the domain in
-    any case or script (``addresses.normal_address``)."""
-    return normal_address(one) == normal_address(other)
-
-
 class AddressPage:
     """The page of one address, on ``model_admin``'s site (the items' admin)."""
 
@@ -178,9 +172,11 @@ class AddressPage:
         whether there may be more than the page shows."""
         found: list[QueueItem] = []
         domain = domain_of(address) or None
+        # One mailbox: the local part as written, the domain in any case or script.
+        wanted = normal_address(address)
         for page in range(SEARCH_PAGES):
             batch = queue.search(text=address, domain=domain, offset=page * SEARCH_PAGE, limit=SEARCH_PAGE)
-            found += [item for item in batch if any(same_address(r.address, address) for r in item.recipients)]
+            found += [item for item in batch if any(normal_address(r.address) == wanted for r in item.recipients)]
             if len(found) > ITEMS_SHOWN or len(batch) < SEARCH_PAGE:
                 more = len(found) > ITEMS_SHOWN or len(batch) == SEARCH_PAGE
                 break
@@ -190,7 +186,7 @@ class AddressPage:
         heads = queue.store.read_message_heads([item.id for item in shown], size=HEAD_BYTES)
         rows = []
         for item in shown:
-            recipient = next(r for r in item.recipients if same_address(r.address, address))
+            recipient = next(r for r in item.recipients if normal_address(r.address) == wanted)
             head = heads.get(item.id)
             rows.append(
                 AddressItem(

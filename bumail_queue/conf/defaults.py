@@ -21,8 +21,8 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "RETURN_PATH": None,
     # Addresses queue_inbound also takes mail to: a feedback loop's, an abuse box.
     "FEEDBACK_ADDRESSES": [],
-    # Mailboxes queue_inbound --imap/--pop3 fetches returned mail from, each URL (no
-    # password) to {"PASSWORD", "AFTER": "delete"|"move", "MOVE_TO", "CA_FILE"}.
+    # Mailboxes queue_inbound --imap/--pop3 fetches returned mail from: each URL, with
+    # no secret in it, to its entry (conf.mailboxes.MAILBOX_KEYS; docs/settings.md).
     "INBOUND_MAILBOXES": {},
     "ROUTES": {},
     # Per channel: {"newsletter": <route>}, for all of a channel's mail but the domains

@@ -83,6 +83,7 @@ from bumail_queue.suppression import (
     SuppressionChange,
     SuppressionReason,
     SuppressionUpdate,
+    entry_in,
     require_scope,
 )
 from bumail_queue.text import is_keepable, require_keepable
@@ -447,11 +448,8 @@ class QueueStore(abc.ABC):
         Keyed by each address as given; an address not on the list (or whose entry
         expired) is left out. One round trip for the whole batch.
         """
-        rank = {scope: n for n, scope in enumerate(scopes)}
-        found: dict[str, Suppression] = {}
-        for address, entries in self.suppression_entries(addresses, now=now, scopes=scopes).items():
-            found[address] = min(entries, key=lambda entry: rank[entry.scope])
-        return found
+        found = self.suppression_entries(addresses, now=now, scopes=scopes)
+        return {address: entry for address, entries in found.items() if (entry := entry_in(entries, scopes))}
 
     @abc.abstractmethod
     def suppression_entries(

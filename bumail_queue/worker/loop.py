@@ -19,7 +19,7 @@ from bumail_queue.outcomes import (
     close_broken_connections,
     report_error,
 )
-from bumail_queue.suppression import Suppression, scopes_of
+from bumail_queue.suppression import Suppression, entry_in, scopes_of
 from bumail_queue.threads import ThreadPool
 
 from .attempts import Attempts
@@ -184,14 +184,13 @@ class Worker(Attempts, Recording, Upkeep):
             return {}
         by_item = {}
         for item in claimed:
-            held = {}
-            for recipient in item.pending_recipients:
-                # The global entry first: it says more than a channel's.
-                entries = [
-                    e for scope in scopes_of(item.channel) for e in found.get(recipient.address, ()) if e.scope == scope
-                ]
-                if entries:
-                    held[recipient.address] = entries[0]
+            # The global entry first: it says more than a channel's.
+            wanted = scopes_of(item.channel)
+            held = {
+                r.address: entry
+                for r in item.pending_recipients
+                if (entry := entry_in(found.get(r.address, ()), wanted)) is not None
+            }
             if held:
                 by_item[item.id] = held
         return by_item

@@ -19,6 +19,7 @@ import grp
 import imaplib
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import socket
@@ -35,7 +36,8 @@ from tests.servers.redis import free_port
 
 DOVECOT = "/usr/sbin/dovecot"
 USER = "bounces"
-PASSWORD = "tests-only-mailbox-secret"
+# Made at each run: the tests and the server they start share it, and nothing keeps it.
+PASSWORD = secrets.token_urlsafe(18)
 
 _CONFIG = """\
 base_dir = {dir}/run

@@ -241,10 +241,15 @@ def suppression_member(address: str, scope: str) -> str:
     return f"{address}\n{scope}" if scope else address
 
 
+def member_address(member: str) -> str:
+    """Return the address a member of the list (``suppression_member``) names."""
+    return member.partition("\n")[0]
+
+
 def suppression_from_json(member: str, raw: bytes) -> Suppression:
     data = json.loads(raw)
     return Suppression.from_dict(
-        member.partition("\n")[0],
+        member_address(member),
         data,
         created_at=from_micros(data["created"]),
         expires_at=from_micros(data["expires"]),

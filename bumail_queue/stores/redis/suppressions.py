@@ -26,7 +26,7 @@ from bumail_queue.text import is_keepable
 from . import scripts
 from .connection import RedisConnection
 from .items import RETRY_PAGE
-from .layout import micros, pairs, suppression_from_json, suppression_json, suppression_member
+from .layout import member_address, micros, pairs, suppression_from_json, suppression_json, suppression_member
 
 
 class RedisSuppressions(RedisConnection):
@@ -78,7 +78,7 @@ class RedisSuppressions(RedisConnection):
         by_address = {entry.address: entry for entry in change.expired}
         return SuppressionUpdate(
             suppressed=(*change.add, *(by_address[address.decode()] for address in promoted)),
-            removed=tuple(member.decode().partition("\n")[0] for member in removed),
+            removed=tuple(member_address(member.decode()) for member in removed),
         )
 
     def search_suppressions(
