@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
 from typing import Any
 
@@ -9,7 +10,7 @@ from django.apps import AppConfig
 from django.conf import settings as django_settings
 from django.core import checks
 
-from .conf import SETTING_NAME, QueueSettings, effective_hostname, get_settings, not_fqdn_reason, validate
+from .conf import SETTING_NAME, QueueSettings, Route, effective_hostname, get_settings, not_fqdn_reason, validate
 from .errors import QueueError
 
 BACKEND_PATH = "bumail_queue.backends.QueueEmailBackend"
@@ -179,6 +180,42 @@ def check_development_mail_goes_out(
             id="bumail_queue.W006",
         )
     ]
+
+
+@checks.register("bumail_queue")
+def check_firewall_in_debug(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn when ``DEBUG`` is on and no staging firewall (``ALLOW_RECIPIENTS``) stops
+    mail to recipients outside the team: a copy of production's data mails its people.
+    Mail that every route sends to an SMTP sink on this machine reaches no one."""
+    if not django_settings.DEBUG or validate(getattr(django_settings, SETTING_NAME, {})):
+        return []
+    settings = get_settings()
+    routes = [settings.route, *settings.routes.values(), *settings.channel_routes.values()]
+    if settings.firewall is not None or all(map(_local_sink, routes)):
+        return []
+    return [
+        checks.Warning(
+            "DEBUG is on and mail goes to every recipient: no staging firewall (ALLOW_RECIPIENTS) holds "
+            "mail to addresses outside your team.",
+            hint="Set BUMAIL_QUEUE['ALLOW_RECIPIENTS'] to the domains and addresses that may get mail, such as "
+            "['example.com', 'qa+*@example.net'] (and REDIRECT_TO to send the rest to one mailbox); "
+            "docs/operations.md, 'Staging firewall'. If this machine is meant to mail everyone, "
+            "add 'bumail_queue.W009' to SILENCED_SYSTEM_CHECKS.",
+            obj=SETTING_NAME,
+            id="bumail_queue.W009",
+        )
+    ]
+
+
+def _local_sink(route: Route) -> bool:
+    """Return whether ``route`` (and its fallbacks) delivers to a smarthost on this machine."""
+    if route.type != "smarthost" or route.host is None:
+        return False
+    try:
+        loopback = route.host == "localhost" or ipaddress.ip_address(route.host).is_loopback
+    except ValueError:
+        return False
+    return loopback and (route.fallback is None or _local_sink(route.fallback))
 
 
 @checks.register("bumail_queue")

@@ -49,6 +49,8 @@ def _entry(
     at: datetime,
     tls: bool = False,
     provider_message_id: str | None = None,
+    subject: str | None = None,
+    message_id: str | None = None,
 ) -> DeliveryLog:
     return DeliveryLog(
         logged_at=at,
@@ -64,6 +66,8 @@ def _entry(
         tls=tls,
         next_attempt_at=next_attempt_at,
         provider_message_id=(provider_message_id or "")[:255],
+        subject=subject or "",
+        message_id=message_id or "",
     )
 
 
@@ -79,6 +83,8 @@ def record(
     at: datetime | None = None,
     tls: bool = False,
     provider_message_id: str | None = None,
+    subject: str | None = None,
+    message_id: str | None = None,
 ) -> DeliveryLog | None:
     """Add one entry (nothing when ``DELIVERY_LOG`` is off); return it."""
     settings = get_settings()
@@ -87,7 +93,7 @@ def record(
     entry = _entry(
         item_id=item_id, recipient=recipient, status=status, reply=reply, envelope_sender=envelope_sender,
         remote_host=remote_host, next_attempt_at=next_attempt_at, at=at or timezone.now(), tls=tls,
-        provider_message_id=provider_message_id,
+        provider_message_id=provider_message_id, subject=subject, message_id=message_id,
     )  # fmt: skip
     gathered = getattr(_gathering, "entries", None)
     if gathered is not None:
@@ -146,6 +152,7 @@ def _write_each_alone_on_failure(entries: list[DeliveryLog]) -> None:
 _COLUMNS = (
     "logged_at", "item_id", "recipient", "domain", "sender", "status",
     "reply_code", "reply_status", "reply_text", "remote_host", "tls", "next_attempt_at", "provider_message_id",
+    "subject", "message_id",
 )  # fmt: skip
 
 
@@ -169,7 +176,14 @@ def write(entries: list[DeliveryLog]) -> None:
             copy.write_row([getattr(entry, column) for column in _COLUMNS])
 
 
-def record_cancelled(item: QueueItem, recipients: Iterable[str], *, at: datetime | None = None) -> int:
+def record_cancelled(
+    item: QueueItem,
+    recipients: Iterable[str],
+    *,
+    at: datetime | None = None,
+    subject: str | None = None,
+    message_id: str | None = None,
+) -> int:
     """Add a ``cancelled`` entry per recipient, in one statement; return how many."""
     settings = get_settings()
     if not settings.delivery_log:
@@ -185,6 +199,8 @@ def record_cancelled(item: QueueItem, recipients: Iterable[str], *, at: datetime
             remote_host=None,
             next_attempt_at=None,
             at=when,
+            subject=subject,
+            message_id=message_id,
         )
         for address in recipients
     ]
@@ -250,7 +266,8 @@ def _on_delivered(*, item_id: str, recipient: str, reply: Reply, **kwargs: Any) 
     record(
         item_id=item_id, recipient=recipient, status=Status.DELIVERED, reply=reply,
         envelope_sender=kwargs.get("envelope_sender"), remote_host=kwargs.get("remote_host"), tls=kwargs.get("tls", False),
-        provider_message_id=kwargs.get("provider_message_id"),
+        provider_message_id=kwargs.get("provider_message_id"), subject=kwargs.get("subject"),
+        message_id=kwargs.get("message_id"),
     )  # fmt: skip
 
 
@@ -259,7 +276,8 @@ def _on_deferred(*, item_id: str, recipient: str, reply: Reply, **kwargs: Any) -
         item_id=item_id, recipient=recipient, status=Status.DEFERRED, reply=reply,
         envelope_sender=kwargs.get("envelope_sender"), remote_host=kwargs.get("remote_host"),
         next_attempt_at=kwargs.get("next_attempt_at"), tls=kwargs.get("tls", False),
-        provider_message_id=kwargs.get("provider_message_id"),
+        provider_message_id=kwargs.get("provider_message_id"), subject=kwargs.get("subject"),
+        message_id=kwargs.get("message_id"),
     )  # fmt: skip
 
 
@@ -269,12 +287,13 @@ def _on_failed(*, item_id: str, recipient: str, reply: Reply, **kwargs: Any) -> 
     record(
         item_id=item_id, recipient=recipient, status=status, reply=reply,
         envelope_sender=kwargs.get("envelope_sender"), remote_host=kwargs.get("remote_host"), tls=kwargs.get("tls", False),
-        provider_message_id=kwargs.get("provider_message_id"),
+        provider_message_id=kwargs.get("provider_message_id"), subject=kwargs.get("subject"),
+        message_id=kwargs.get("message_id"),
     )  # fmt: skip
 
 
 def _on_cancelled(*, item: QueueItem, recipients: Iterable[str], **kwargs: Any) -> None:
-    record_cancelled(item, recipients)
+    record_cancelled(item, recipients, subject=kwargs.get("subject"), message_id=kwargs.get("message_id"))
 
 
 def _on_bounced(*, item_id: str | None, recipient: str, reply: Reply, **kwargs: Any) -> None:

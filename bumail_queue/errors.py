@@ -26,6 +26,8 @@ class ErrorCode(enum.StrEnum):
     STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
     #: The store has no room for the write (Redis at ``maxmemory``); nothing was written.
     STORE_FULL = "STORE_FULL"
+    #: The archive no longer keeps the message (never archived, redacted, or deleted).
+    NOT_KEPT = "NOT_KEPT"
 
 
 class QueueError(Exception):

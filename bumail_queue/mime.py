@@ -329,6 +329,22 @@ def finish_headers(data: bytes, *, hostname: str, now: datetime) -> bytes:
     return _Head.split(data).finish(data, hostname=hostname, now=now)
 
 
+def with_new_message_id(data: bytes, *, hostname: str) -> bytes:
+    """Return ``data`` with a new ``Message-ID`` (made as ``finish_headers`` makes one)
+    in place of its own, at the same place; every other octet as it was."""
+    head = _Head.split(data)
+    new_field = b"Message-ID: " + email.utils.make_msgid(domain=hostname).encode("ascii") + head.eol
+    fields: list[bytes] = []
+    for name, field in zip(head.names, head.fields, strict=True):
+        if name != b"message-id":
+            fields.append(field)
+        elif new_field not in fields:  # a second Message-ID goes: a message has one (RFC 5322 §3.6)
+            fields.append(new_field)
+    if new_field not in fields:
+        fields.append(new_field)
+    return b"".join([*fields, memoryview(data)[head.body_start :]])
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class _Head:
     """A message's header fields (each with its line end) and where its body starts."""

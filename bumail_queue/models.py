@@ -154,6 +154,9 @@ class DeliveryLog(models.Model):
     # The ESP's id for the message, from a backend route (anymail's message_id): what
     # its later events (a bounce, a complaint) name it by.
     provider_message_id = models.CharField(_("provider's message id"), max_length=255, blank=True, default="")
+    # The message's Subject and Message-ID, so that an entry says which mail it was.
+    subject = models.TextField(_("subject"), blank=True, default="")
+    message_id = models.TextField(_("Message-ID"), blank=True, default="")
 
     class Meta:
         db_table = "bumail_queue_delivery_log"
@@ -431,3 +434,66 @@ class BulkAction(models.Model):
 
     def __str__(self) -> str:
         return f"{self.acted_at:%Y-%m-%d %H:%M} {self.action} by {self.by}: {self.changed}"
+
+
+class ArchivedMessage(models.Model):
+    """A message kept after its delivery (``ARCHIVE``, per channel), to be shown and
+    resent: whole until ``body_until``, then its header section alone until
+    ``keep_until``, then deleted. Kept in the database ``BUMAIL_QUEUE['DATABASE']``
+    names whatever store keeps the queue. See ``docs/operations.md``."""
+
+    # The item's id: an archived message is the item's, once it left the queue.
+    item_id = models.UUIDField(_("item id"), primary_key=True)
+    archived_at = models.DateTimeField(_("archived at"))
+    channel = models.CharField(_("channel"), max_length=CHANNEL_MAX_LENGTH, default=DEFAULT_CHANNEL)
+    # The item's priority, which a resend keeps.
+    priority = models.SmallIntegerField(_("priority"), default=DEFAULT_PRIORITY)
+    sender = models.TextField(_("sender"), blank=True)
+    # The envelope recipients, one per line (what queue_forget and queue_export search).
+    recipients = models.TextField(_("recipients"), blank=True)
+    subject = models.TextField(_("subject"), blank=True)
+    message_id = models.TextField(_("Message-ID"), blank=True)
+    # The header section as enqueued; ``data`` is the whole message, NULL once redacted.
+    headers = models.BinaryField(_("headers"))
+    data = models.BinaryField(_("message"), null=True)
+    body_until = models.DateTimeField(_("message kept until"))
+    keep_until = models.DateTimeField(_("headers kept until"))
+    # The item this message's item was a resend of (``queue_resend``), if any.
+    resent_from = models.UUIDField(_("resent from"), null=True, blank=True)
+
+    class Meta:
+        db_table = "bumail_queue_archive"
+        verbose_name = _("archived message")
+        verbose_name_plural = _("archived messages")
+        ordering = ("-archived_at", "-item_id")
+        indexes = (
+            models.Index(fields=("archived_at",), name="bumail_queue_archive_at"),
+            # The retention's two steps: bodies to drop, rows to delete.
+            models.Index(fields=("body_until",), name="bumail_queue_archive_body"),
+            models.Index(fields=("keep_until",), name="bumail_queue_archive_keep"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.archived_at:%Y-%m-%d %H:%M} {self.subject or '(no subject)'}"
+
+
+class ResentMessage(models.Model):
+    """An item made by resending an archived message (``queue.resend``): the link from
+    the new item to the one it resends, written as it is queued, so the archive can
+    name its resends before they are delivered (and ``resent_from`` once they are)."""
+
+    # The new item's id.
+    item_id = models.UUIDField(_("item id"), primary_key=True)
+    resent_from = models.UUIDField(_("resent from"), db_index=True)
+    resent_at = models.DateTimeField(_("resent at"))
+    # Who asked: the admin's user, ``--by``, else the operating system's user of a command.
+    by = models.CharField(_("by"), max_length=150, blank=True)
+
+    class Meta:
+        db_table = "bumail_queue_resent"
+        verbose_name = _("resent message")
+        verbose_name_plural = _("resent messages")
+        ordering = ("-resent_at", "-item_id")
+
+    def __str__(self) -> str:
+        return f"{self.item_id} resent from {self.resent_from}"

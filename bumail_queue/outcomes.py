@@ -25,7 +25,8 @@ from typing import Protocol
 
 from django.db import connections
 
-from bumail_queue import delivery_log, signals
+from bumail_queue import archive, delivery_log, signals
+from bumail_queue.archive import HeadFields, head_fields
 from bumail_queue.conf import QueueSettings
 from bumail_queue.delivery.dsn import DSNKind, ReportedRecipient, build_dsn, header_block
 from bumail_queue.delivery.retry import has_expired, is_delay_due, retry_delay
@@ -38,6 +39,7 @@ from bumail_queue.items import (
     Reply,
     reply_line,
 )
+from bumail_queue.screening import screen
 from bumail_queue.stores import QueueStore
 from bumail_queue.suppression import change_from
 
@@ -102,6 +104,11 @@ class Attempt:
     delay_due: bool = False
     #: Shaping held every recipient back: no attempt, no signal, due when there is room.
     held: bool = False
+    #: The message's Subject and Message-ID, for the delivery log and the archive.
+    fields: HeadFields = dataclasses.field(default_factory=HeadFields)
+    #: The whole message, kept only for a channel that archives its delivered mail
+    #: (``ARCHIVE``): the attempt that finishes the item archives it.
+    message: bytes | None = None
 
     @property
     def lost_message(self) -> bool:
@@ -187,11 +194,14 @@ def decide_attempt(
         next_attempt_at=max(now + retry_delay(item.attempts + 1, settings, rng), not_before or now),
         delay_notified=True if delay_due else None,
     )
+    headers = None if message is None else header_block(message)
     return Attempt(
         item=item,
         result=result,
         remote_hosts=remote_hosts,
-        headers=None if message is None else header_block(message),
+        headers=headers,
+        fields=head_fields(headers),
+        message=message if archive.is_archived(item, settings) else None,
         tls=tls or {},
         expired=expired,
         suppressed=suppressed,
@@ -221,7 +231,8 @@ def store_enqueue(store: QueueStore, settings: QueueSettings, clock: Clock) -> E
     """Return an ``Enqueue`` that adds to ``store`` what ``QueueService.enqueue`` would.
 
     The message is checked and completed as any other (size, recipients, a
-    ``Message-ID`` and ``Date`` when missing), and due at once.
+    ``Message-ID`` and ``Date`` when missing), and due at once; the staging firewall
+    holds or redirects it as any other.
     """
 
     def enqueue(message: bytes, *, sender: str, recipients: Sequence[str], priority: int, channel: str) -> QueueItem:
@@ -238,7 +249,8 @@ def store_enqueue(store: QueueStore, settings: QueueSettings, clock: Clock) -> E
             max_recipients=settings.max_recipients,
         )
         new = prepared.new_item(now=now, next_attempt_at=now, priority=priority, channel=channel)
-        return store.add(new, max_items=settings.max_items)
+        screened = screen([new], settings.firewall)
+        return screened.given(screened.add_to(store, settings.max_items))[0]
 
     return enqueue
 
@@ -303,7 +315,25 @@ class Recorder:
                 close_broken_connections()
         self._update_suppressions(attempts, done)
         with delivery_log.gathered():  # the batch's log entries in one INSERT
-            return [self._told_alone(attempt, recorded) for attempt, recorded in zip(attempts, done, strict=True)]
+            told = [self._told_alone(attempt, recorded) for attempt, recorded in zip(attempts, done, strict=True)]
+        self._archive(attempts, done)
+        return told
+
+    def _archive(self, attempts: Sequence[Attempt], done: Sequence[QueueItem | QueueError | None]) -> None:
+        """Archive the messages of the items that left the queue delivered, in one
+        statement (``ARCHIVE``); from the message each attempt read, not the store,
+        which dropped it with the item's last recipient."""
+        now = self.clock()
+        rows = []
+        for attempt, recorded in zip(attempts, done, strict=True):
+            if attempt.message is None or not isinstance(recorded, QueueItem):
+                continue
+            row = archive.archived_message(
+                recorded, attempt.message, settings=self.settings, now=now, fields=attempt.fields
+            )
+            if row is not None:
+                rows.append(row)
+        archive.write(rows)
 
     def _update_suppressions(self, attempts: Sequence[Attempt], done: Sequence[QueueItem | QueueError | None]) -> None:
         """Write what the recorded outcomes change on the suppression list, in one step of the store.
@@ -430,6 +460,8 @@ class Recorder:
                 "remote_host": attempt.remote_hosts.get(address),
                 "tls": attempt.tls.get(address, False),
                 "provider_message_id": attempt.message_ids.get(address),
+                "subject": attempt.fields.subject,
+                "message_id": attempt.fields.message_id,
             }
             if outcome.status == RecipientStatus.DELIVERED:
                 signals.send(signals.delivered, **told)

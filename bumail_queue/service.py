@@ -16,11 +16,15 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from . import mime, signals
+from .archive import HeadFields, head_fields
 from .conf import QueueSettings, get_settings
 from .errors import ErrorCode, QueueError, first_line
 from .items import DEFAULT_CHANNEL, DEFAULT_PRIORITY, NewItem, QueueItem, check_channel, check_priority
+from .operations.archive import ArchiveService
 from .operations.bulk import BulkService
-from .queries import AGE_BUCKETS, ItemQuery, ItemState, QueueSummary, RetryResult
+from .operations.personal_data import PersonalDataService
+from .queries import AGE_BUCKETS, HELD_AT, ItemQuery, ItemState, QueueSummary, RetryResult, header_block
+from .screening import screen
 from .shaping import DestinationState, Patterns
 from .stores import QueueStore, get_store
 from .suppression_service import MAX_NOTE, SuppressionService, recipient_domain
@@ -37,7 +41,7 @@ Clock = Callable[[], datetime]
 logger = logging.getLogger(__name__)
 
 
-class QueueService(SuppressionService, BulkService):
+class QueueService(SuppressionService, BulkService, PersonalDataService, ArchiveService):
     """Enqueue mail and manage the queue, whatever store keeps it.
 
     The store and settings are looked up at each call (both follow
@@ -129,13 +133,13 @@ class QueueService(SuppressionService, BulkService):
             channel=channel,
             settings=settings,
         )
-        store, max_items = self.store, settings.max_items
+        store, max_items, screened = self.store, settings.max_items, screen([item], settings.firewall)
         if _on_commit(store):
-            transaction.on_commit(lambda: self._send_tasks_for([store.add(item, max_items=max_items)], store))
-            return item.to_queue_item()
-        added = store.add(item, max_items=max_items)
-        self._send_tasks_for([added], store)
-        return added
+            transaction.on_commit(lambda: self._send_tasks_for(screened.add_to(store, max_items), store))
+            return screened.before_adding()[0]
+        added = screened.add_to(store, max_items)
+        self._send_tasks_for(added, store)
+        return screened.given(added)[0]
 
     def enqueue_many(
         self,
@@ -175,13 +179,13 @@ class QueueService(SuppressionService, BulkService):
             )
             for index, message in enumerate(messages)
         ]
-        store, max_items = self.store, settings.max_items
+        store, max_items, screened = self.store, settings.max_items, screen(items, settings.firewall)
         if _on_commit(store) and items:
-            transaction.on_commit(lambda: self._send_tasks_for(store.add_many(items, max_items=max_items), store))
-            return [item.to_queue_item() for item in items]
-        added = store.add_many(items, max_items=max_items)
+            transaction.on_commit(lambda: self._send_tasks_for(screened.add_to(store, max_items), store))
+            return screened.before_adding()
+        added = screened.add_to(store, max_items)
         self._send_tasks_for(added, store)
-        return added
+        return screened.given(added)
 
     # -- the delivery tasks (TASKS) ----------------------------------------------------
 
@@ -197,7 +201,7 @@ class QueueService(SuppressionService, BulkService):
             self._send_tasks(store, due)
         later: dict[datetime, builtins.list[str]] = {}
         for item in items:
-            if item.next_attempt_at > now:
+            if now < item.next_attempt_at < HELD_AT:  # a held item waits for its release
                 later.setdefault(item.next_attempt_at, []).append(item.id)
         for at, ids in later.items():
             self._send_tasks(store, ids, at=at)
@@ -309,12 +313,24 @@ class QueueService(SuppressionService, BulkService):
         """Drop the item and its message, with no DSN; return it as it stood.
 
         Sends ``signals.cancelled`` (the delivery log records each recipient not final
-        yet as ``cancelled``).
+        yet as ``cancelled``, with the message's Subject and Message-ID, read from its
+        head before the message goes).
         """
-        item = self.store.cancel(str(id))
+        store = self.store
+        fields = HeadFields()
+        if signals.cancelled.has_listeners():
+            fields = head_fields(header_block(store.read_message_heads([str(id)]).get(str(id), b"")))
+        item = store.cancel(str(id))
         if item is not None:
             pending = [r.address for r in item.pending_recipients]
-            signals.send(signals.cancelled, item_id=item.id, item=item, recipients=pending)
+            signals.send(
+                signals.cancelled,
+                item_id=item.id,
+                item=item,
+                recipients=pending,
+                subject=fields.subject,
+                message_id=fields.message_id,
+            )
         return item
 
     # -- from async code ------------------------------------------------------------------

@@ -15,20 +15,21 @@ from django.dispatch import Signal
 logger = logging.getLogger(__name__)
 
 #: A recipient was delivered. kwargs: ``item_id``, ``recipient``, ``reply``, ``envelope_sender``, ``remote_host``,
-#: ``tls``.
+#: ``tls``, ``subject`` and ``message_id`` (the message's, ``""`` when it has none).
 delivered = Signal()
 #: A recipient was deferred. kwargs: ``item_id``, ``recipient``, ``reply``, ``next_attempt_at``, ``envelope_sender``,
-#: ``remote_host``, ``tls``.
+#: ``remote_host``, ``tls``, ``subject``, ``message_id``.
 deferred = Signal()
 #: A recipient failed for good. kwargs: ``item_id``, ``recipient``, ``reply``, ``envelope_sender``, ``remote_host``,
-#: ``tls``.
+#: ``tls``, ``subject``, ``message_id``.
 failed = Signal()
 #: A DSN was queued. kwargs: ``kind`` (``"failed"``/``"delayed"``), ``dsn_id``, ``of``, ``to``, ``recipients``.
 dsn = Signal()
 #: Something went wrong beside an outcome. kwargs: ``error``, ``item_id`` (or ``None``).
 error = Signal()
 #: An item was cancelled (``queue.cancel``, the admin), no DSN sent. kwargs: ``item_id``,
-#: ``item`` (the ``QueueItem`` as it stood), ``recipients`` (the addresses not final yet).
+#: ``item`` (the ``QueueItem`` as it stood), ``recipients`` (the addresses not final yet),
+#: ``subject``, ``message_id``.
 cancelled = Signal()
 #: Mail handed on came back as a permanent failure (a bounce read by ``queue_inbound``).
 #: kwargs: ``item_id`` (``None`` when nothing says which), ``recipient``, ``reply``, ``source``

@@ -16,18 +16,26 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
+import hashlib
+import hmac
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, cast
 
+from django.conf import settings
+
 from .addresses import ascii_lower, normal_address, normal_domain
 from .errors import ErrorCode, QueueError
 from .items import CHANNEL_PATTERN, Outcome, RecipientStatus, Reply, reply_line
+from .text import is_keepable
 
 __all__ = [
     "DISPROVED_BY_DELIVERY",
     "DNS_VERDICTS",
+    "FORGOTTEN_LABEL",
+    "FORGOTTEN_PREFIX",
     "GLOBAL_SCOPE",
     "SCOPE_KINDS",
     "SUPPRESSED_STATUS",
@@ -41,7 +49,10 @@ __all__ = [
     "change_from",
     "channel_scope",
     "entry_in",
+    "forgotten_key",
+    "is_forgotten",
     "is_scope",
+    "lookup_keys",
     "require_scope",
     "scope_label",
     "scopes_of",
@@ -193,6 +204,11 @@ class Suppression:
         """Return whether the entry still suppresses its address at ``now``."""
         return self.expires_at > now
 
+    @property
+    def forgotten(self) -> bool:
+        """Whether the entry is an erased address's, kept under its ``forgotten_key``."""
+        return is_forgotten(self.address)
+
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form a store keeps (times are kept by the store, in its own form)."""
         data = {"reason": self.reason.value, "reply": self.reply.to_dict()}
@@ -250,6 +266,65 @@ class SuppressionUpdate:
 
     suppressed: tuple[Suppression, ...] = ()
     removed: tuple[str, ...] = ()
+
+
+FORGOTTEN_PREFIX: Final = "hmac-sha256:"
+"""How the key of an erased address's entries begins (``forgotten_key``)."""
+
+FORGOTTEN_LABEL: Final = "(forgotten address)"
+"""How pages, commands and exports name the address of such an entry."""
+
+_FORGOTTEN_SALT: Final = "bumail_queue.suppression.forgotten_key"
+
+
+def forgotten_key(address: str) -> str:
+    """Return the key an erased address's entries are kept under: ``hmac-sha256:`` and the
+    hex HMAC-SHA256 of its ``normal_address`` form, keyed by ``SECRET_KEY`` through
+    Django's ``salted_hmac`` with a salt of its own.
+
+    The list then says nothing of the address to whoever reads it, yet a lookup of
+    the address finds the entry (``lookup_keys``); a key of the list is returned as it is.
+    """
+    key = normal_address(address)
+    return key if is_forgotten(key) else _hashed(_keyed(str(settings.SECRET_KEY)), key)
+
+
+def _hashed(keyed: hmac.HMAC, key: str) -> str:
+    # Django's salted_hmac, with its derived key and its HMAC's key schedule made once
+    # per secret: each lookup of a claim's recipients pays one hash per address.
+    mac = keyed.copy()
+    mac.update(key.encode("utf-8", "surrogatepass"))
+    return FORGOTTEN_PREFIX + mac.hexdigest()
+
+
+@functools.lru_cache(maxsize=4)
+def _keyed(secret: str) -> hmac.HMAC:
+    """What ``salted_hmac(_FORGOTTEN_SALT, ..., secret=secret, algorithm="sha256")`` starts
+    from (the secret is part of the cache's key: a changed SECRET_KEY is heeded)."""
+    return hmac.new(hashlib.sha256((_FORGOTTEN_SALT + secret).encode()).digest(), digestmod=hashlib.sha256)
+
+
+def is_forgotten(address: str) -> bool:
+    """Return whether ``address`` is the key of an erased address's entries (``forgotten_key``)."""
+    return address.startswith(FORGOTTEN_PREFIX)
+
+
+def lookup_keys(addresses: Iterable[str]) -> dict[str, list[str]]:
+    """Return the keys a lookup of ``addresses`` reads on the list, each with the
+    addresses given that it answers for: an address's ``normal_address`` form and its
+    ``forgotten_key``, so that one round trip finds its entries whether or not it was
+    erased. An address no store can keep (``text.is_keepable``) is left out.
+    """
+    keys: dict[str, list[str]] = {}
+    keyed = _keyed(str(settings.SECRET_KEY))
+    for address in addresses:
+        if not is_keepable(address):
+            continue
+        key = normal_address(address)
+        keys.setdefault(key, []).append(address)
+        if not is_forgotten(key):
+            keys.setdefault(_hashed(keyed, key), []).append(address)
+    return keys
 
 
 def search_form(text: str) -> str:

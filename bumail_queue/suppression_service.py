@@ -22,6 +22,7 @@ from .suppression import (
     Suppression,
     SuppressionChange,
     SuppressionReason,
+    forgotten_key,
     require_scope,
     scopes_of,
 )
@@ -114,6 +115,8 @@ class SuppressionService:
         checked = []
         for entry in entries:
             problem = mailbox_problem(entry.address) if isinstance(entry.address, str) else "it is not a string"
+            if problem and isinstance(entry.address, str) and entry.forgotten:
+                problem = None  # an erased address's entry, kept under its key (forgotten_key)
             if problem or entry.expires_at <= now:
                 why = problem or f"its entry expired at {entry.expires_at.isoformat()}"
                 raise QueueError(ErrorCode.INVALID, f"{entry.address!r} cannot be suppressed: {why}.")
@@ -140,17 +143,20 @@ class SuppressionService:
         given = [addresses] if isinstance(addresses, str) else [str(address) for address in addresses]
         if domain is not None:
             given += self._suppressed_at(recipient_domain(domain), scope)
-        keys = dict.fromkeys(normal_address(address) for address in given)
+        # Each address's erased entry too (suppression.forgotten_key), named as the address.
+        keys = {forgotten_key(address): normal_address(address) for address in given}
+        keys.update((normal_address(address), normal_address(address)) for address in given)
         change = SuppressionChange(clear_scoped=tuple((key, scope) for key in keys))
-        return builtins.list(self.store.update_suppressions(change, now=self.clock()).removed)
+        removed = self.store.update_suppressions(change, now=self.clock()).removed
+        return builtins.list(dict.fromkeys(keys.get(key, key) for key in removed))
 
     def forget_suppressions(self, address: str) -> builtins.list[Suppression]:
         """Take ``address`` off the list in every scope, with any note of an expiry (an
         erasure: mail to it is sent again); return the entries it had in force."""
         entries = self.suppressions_for(address)
-        key = normal_address(str(address))
+        keys = dict.fromkeys((normal_address(str(address)), forgotten_key(str(address))))
         scopes = {GLOBAL_SCOPE, *(entry.scope for entry in entries)}
-        change = SuppressionChange(clear_scoped=tuple((key, scope) for scope in sorted(scopes)))
+        change = SuppressionChange(clear_scoped=tuple((key, scope) for key in keys for scope in sorted(scopes)))
         self.store.update_suppressions(change, now=self.clock())
         return entries
 

@@ -89,6 +89,7 @@ def test_list_of_an_empty_list_and_as_json(store_name):
         "entries": [
             {
                 "address": "gone@example.org",
+                "forgotten": False,
                 "scope": "",
                 "reason": "failed",
                 "reply": {"code": 550, "status": "5.1.1", "text": "5.1.1 User unknown"},

@@ -30,14 +30,27 @@ from django.utils.translation import ngettext
 
 from bumail_queue import delivery_log
 from bumail_queue.conf import get_settings
-from bumail_queue.errors import QueueError
-from bumail_queue.items import QueueItem, Recipient, RecipientStatus, check_channel, check_priority, reply_line
+from bumail_queue.items import QueueItem, Recipient, RecipientStatus, reply_line
 from bumail_queue.models import DeliveryLog, Item
 from bumail_queue.preview import HeadSummary, preview, srcdoc_for, summarize_head
 from bumail_queue.queries import ItemState, is_estimate, state_of
+from bumail_queue.screening import FirewallMark, firewall_mark
 from bumail_queue.service import queue
 
 from .addresses import AddressPage
+from .archive import archive_links
+from .bulk import bulk_actions_url
+from .bulk_actions import (
+    CANCEL,
+    HOLD,
+    RELEASE,
+    RETRY,
+    SELECT_ACROSS,
+    AllMatching,
+    ListFilter,
+    all_matching_context,
+    hold_or_release_selected,
+)
 from .overview import overview_context
 from .shared import (
     ItemAdminBase,
@@ -50,8 +63,6 @@ from .shared import (
 HEAD_BYTES = 2048
 #: Recipients the list shows per item; the rest are counted.
 LIST_RECIPIENTS = 3
-RETRY = "retry_now"
-CANCEL = "cancel"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,6 +91,7 @@ class ItemRow:
     more_recipients: int
     age: timedelta
     due_in: timedelta
+    firewall: FirewallMark | None = None  # held or redirected by the staging firewall
 
     @property
     def age_text(self) -> str:
@@ -99,19 +111,6 @@ def _recipient_rows(recipients: Sequence[Recipient], hosts: dict[str, str] | Non
         )
         for r in recipients
     ]
-
-
-def _lane_from(request: HttpRequest) -> tuple[str | None, int | None]:
-    """The channel and priority the list is filtered by; a value no item can have is none."""
-    try:
-        channel: str | None = check_channel(request.GET.get("channel") or "")
-    except QueueError:
-        channel = None
-    try:
-        priority: int | None = check_priority(int(request.GET.get("priority") or ""))
-    except (ValueError, QueueError):
-        priority = None
-    return channel, priority
 
 
 #: A filter's choice as the list's template draws it: value, label, URL, selected.
@@ -202,6 +201,7 @@ class ItemAdmin(ItemAdminBase):
             "overview_url": self._url("overview"),
             "log_url": log_url,
             "can_view_log": request.user.has_perm("bumail_queue.view_deliverylog") and log_url is not None,
+            "bulk_actions_url": bulk_actions_url(self.admin_site, request),
             **extra,
         }
 
@@ -212,11 +212,9 @@ class ItemAdmin(ItemAdminBase):
         if request.method == "POST":
             return self._run_action(request)
         now = timezone.now()
-        state_value = request.GET.get("state") or None
-        state = state_value if state_value in set(ItemState) else None
-        domain = (request.GET.get("domain") or "").strip()[:255]
-        text = (request.GET.get("q") or "").strip()[:320]
-        channel, priority = _lane_from(request)
+        listed = ListFilter.from_query(request.GET)
+        state, domain, text = listed.state, listed.domain, listed.text
+        channel, priority = listed.channel, listed.priority
         try:
             page = max(1, int(request.GET.get("p", "1")))
         except ValueError:
@@ -234,12 +232,9 @@ class ItemAdmin(ItemAdminBase):
         )
         items, has_next = found[:per_page], len(found) > per_page
         rows = self._rows(items, now)
-        filtered = bool(state or domain or text or channel) or priority is not None
+        filtered = listed.is_filtered
         total = None if filtered else queue.store.estimated_count()
-        given = (("state", state or ""), ("domain", domain), ("q", text), ("channel", channel or ""))
-        params = {key: value for key, value in given if value}
-        if priority is not None:
-            params["priority"] = str(priority)
+        params = listed.params
 
         def link(**changes: Any) -> str:
             merged = {**params, **changes}
@@ -262,8 +257,10 @@ class ItemAdmin(ItemAdminBase):
             + [(s.value, s.label, link(state=s.value, p=1), state == s.value) for s in ItemState],
             lane_filters=_lane_filters(link, channel, priority, queue.store.lanes()),
             clear_url=link(state=None, domain=None, q=None, channel=None, priority=None, p=1) if filtered else None,
-            actions=[(RETRY, _("Retry now"))] * self.has_change_permission(request)
+            actions=[(RETRY, _("Retry now")), (HOLD, _("Hold")), (RELEASE, _("Release"))]
+            * self.has_change_permission(request)
             + [(CANCEL, _("Cancel…"))] * self.has_delete_permission(request),
+            **all_matching_context(listed, shown=len(rows), whole=page == 1 and not has_next),
             media=self.media,
             return_to=request.get_full_path(),
             **(extra_context or {}),
@@ -284,6 +281,7 @@ class ItemAdmin(ItemAdminBase):
             more_recipients=max(0, len(item.recipients) - LIST_RECIPIENTS),
             age=now - item.created_at,
             due_in=item.next_attempt_at - now,
+            firewall=firewall_mark(item, head, get_settings().firewall),
         )
 
     # -- the actions --------------------------------------------------------------------
@@ -296,15 +294,20 @@ class ItemAdmin(ItemAdminBase):
             back, allowed_hosts={request.get_host()}, require_https=request.is_secure()
         ):
             back = ""
-        if action == RETRY:
+        if action in (RETRY, HOLD, RELEASE):
             self._require(self.has_change_permission, request)
         elif action == CANCEL:
             self._require(self.has_delete_permission, request)
         else:
             self.message_user(request, _("Choose an action."), messages.WARNING)
             return HttpResponseRedirect(back or self._url("changelist"))
+        if request.POST.get(SELECT_ACROSS) == "1":
+            return AllMatching(self, list_url=self._url("changelist"))(request, action, back)
         if not ids:
             self.message_user(request, _("Select the items to act on first."), messages.WARNING)
+            return HttpResponseRedirect(back or self._url("changelist"))
+        if action in (HOLD, RELEASE):
+            hold_or_release_selected(self, request, action, ids)
             return HttpResponseRedirect(back or self._url("changelist"))
         if action == RETRY:
             self._retry(request, ids)
@@ -390,6 +393,7 @@ class ItemAdmin(ItemAdminBase):
             item_id=item_id,
             queued_ago=None if item is None else age_text(item.created_at, now),
             state=None if item is None else state_of(item, now),
+            firewall=None if item is None else firewall_mark(item, data, get_settings().firewall),
             now=now,
             recipients=[] if item is None else _recipient_rows(item.recipients, hosts),
             preview=shown,
@@ -397,6 +401,7 @@ class ItemAdmin(ItemAdminBase):
             message_missing=item is not None and data is None,
             history=history,
             eml_url=self._url("eml", item_id),
+            archive_links=archive_links(self.admin_site, item_id),
             return_to=request.get_full_path(),
             **(extra_context or {}),
         )

@@ -47,15 +47,15 @@ class DeliveryLogAdmin(SecurePages, LogAdminBase):
 
     list_display = ("logged_at", "recipient_link", "status_badge", "reply", "remote", "item")
     list_filter = ("status",)
-    search_fields = ("recipient", "sender")
-    search_help_text = gettext_lazy("An address (or part of one), or an item id.")
+    search_fields = ("recipient", "sender", "=message_id")
+    search_help_text = gettext_lazy("An address (or part of one), a Message-ID, or an item id.")
     list_per_page = 100
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # counts per status would scan a large log
     paginator = EstimatedCountPaginator
     readonly_fields = (
         "logged_at", "item_id", "recipient_link", "domain", "sender", "status", "reply_code", "reply_status",
-        "reply_text", "remote_host", "tls", "next_attempt_at",
+        "reply_text", "remote_host", "tls", "next_attempt_at", "subject", "message_id",
     )  # fmt: skip
     exclude = ("recipient",)  # shown as recipient_link, a link to the address's page
 

@@ -31,6 +31,11 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     # Per channel: {"newsletter": {"URL": "https://.../mail/unsubscribe/", "DURATION": ...}}:
     # its mail gets one-click List-Unsubscribe (RFC 8058) for each recipient.
     "UNSUBSCRIBE": {},
+    # Per channel, how long delivered mail is kept whole: {"default": "7d", "newsletter": "0d"}
+    # ("default" also stands for the channels not named); then its header section alone
+    # until REDACT_AFTER from the archiving (docs/operations.md, "Archive and retention").
+    "ARCHIVE": {},
+    "REDACT_AFTER": "30d",
     "MX_PORT": 25,
     "DNS_NAMESERVERS": None,
     "CONCURRENCY": 20,
@@ -92,6 +97,11 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "SUPPRESSION_DSN": True,
     # Limits per destination pattern, held across every worker (docs/shaping.md).
     "SHAPING": {},
+    # The staging firewall (docs/operations.md): None lets mail go to every recipient;
+    # a list of domain and address patterns holds mail to any other, or sends it to
+    # REDIRECT_TO instead when that is set.
+    "ALLOW_RECIPIENTS": None,
+    "REDIRECT_TO": None,
 }
 
 #: RFC 5321 §4.5.3.2's timeouts, in seconds; ``TIMEOUTS`` overrides any of them.

@@ -16,8 +16,10 @@ from bumail_queue.addresses import ascii_lower, mailbox_problem, normal_address
 from bumail_queue.errors import QueueConfigurationError, QueueError
 from bumail_queue.items import check_priority
 
+from .archive import archive_from, check_archive, redact_after_from
 from .defaults import BUILTIN_STORES, DEFAULT_TIMEOUTS, DEFAULTS, MAX_TIMEOUT_SECONDS
 from .dkim import check_dkim, dkim_from
+from .firewall import allow_recipients_from, check_firewall
 from .mailboxes import check_mailboxes, mailboxes_from
 from .monitoring import check_metrics, check_suppression
 from .mta_sts import check_mta_sts
@@ -57,6 +59,8 @@ def validate(raw: Any) -> list[Problem]:
     check_metrics(check, raw)
     check_suppression(check, raw)
     check_unsubscribe(check, raw)
+    check_firewall(check, raw)
+    check_archive(check, raw)
     check_shaping(check, raw.get("SHAPING", DEFAULTS["SHAPING"]))
     return check.problems
 
@@ -344,6 +348,10 @@ def load(raw: Any) -> QueueSettings:
         suppression_dsn=values["SUPPRESSION_DSN"],
         shaping=shaping_from(values["SHAPING"]),
         unsubscribe=unsubscribe_from(values["UNSUBSCRIBE"]),
+        allow_recipients=allow_recipients_from(values["ALLOW_RECIPIENTS"]),
+        redirect_to=values["REDIRECT_TO"],
+        archive=archive_from(values["ARCHIVE"]),
+        redact_after=redact_after_from(values["REDACT_AFTER"]),
         return_path=values["RETURN_PATH"],
         feedback_addresses=frozenset(ascii_lower(normal_address(a)) for a in values["FEEDBACK_ADDRESSES"]),
         inbound_mailboxes=mailboxes_from(values),

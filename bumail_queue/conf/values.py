@@ -7,8 +7,10 @@ import ipaddress
 from collections.abc import Mapping
 from datetime import timedelta
 
+from bumail_queue.firewall import Firewall, RecipientPattern
 from bumail_queue.shaping import Limits
 
+from .archive import archive_duration
 from .dkim import DKIMSigner
 from .mailboxes import InboundMailbox
 from .names import normalise_domain
@@ -86,6 +88,23 @@ class QueueSettings:
     metrics_token: str | None = dataclasses.field(default=None, repr=False)
     shaping: Mapping[str, Limits] = dataclasses.field(default_factory=dict)
     unsubscribe: Mapping[str, ChannelUnsubscribe] = dataclasses.field(default_factory=dict)  # UNSUBSCRIBE, by channel
+    allow_recipients: tuple[RecipientPattern, ...] | None = None  # None: no staging firewall
+    redirect_to: str | None = None
+    archive: Mapping[str, timedelta] = dataclasses.field(default_factory=dict)  # ARCHIVE, by channel (0: not archived)
+    redact_after: timedelta = timedelta(days=30)  # REDACT_AFTER
+
+    def archive_for(self, channel: str) -> timedelta | None:
+        """Return how long ``channel``'s delivered mail is kept whole (``ARCHIVE``: its
+        entry, else ``"default"``'s), or ``None`` when it is not archived."""
+        return archive_duration(self.archive, channel)
+
+    @property
+    def firewall(self) -> Firewall | None:
+        """Return the staging firewall of ``ALLOW_RECIPIENTS`` and ``REDIRECT_TO``, or
+        ``None`` when mail goes to every recipient."""
+        if self.allow_recipients is None:
+            return None
+        return Firewall(self.allow_recipients, self.redirect_to)
 
     @property
     def lease(self) -> timedelta:

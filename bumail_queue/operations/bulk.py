@@ -24,7 +24,7 @@ from bumail_queue.errors import ErrorCode, QueueError, first_line
 from bumail_queue.items import QueueItem, check_channel
 from bumail_queue.models import BulkAction
 from bumail_queue.preview import summarize_head
-from bumail_queue.queries import ItemQuery, ItemState, state_of
+from bumail_queue.queries import HoldResult, ItemQuery, ItemState, state_of
 from bumail_queue.stores import QueueStore
 from bumail_queue.suppression_service import recipient_domain
 
@@ -286,6 +286,21 @@ class BulkService:
             return Batch(changed=done.due, skipped=len(done.leased) + len(done.missing))
 
         return run(store, Action.RETRY, wanted, act=act, clock=self.clock, dry_run=dry_run, by=by, batch=batch)
+
+    def hold_items(self, ids: Sequence[str]) -> HoldResult:
+        """Hold the items ``ids`` names (the admin's selected rows), as ``hold`` does by
+        filter: an item being delivered is left to its worker. No audit entry: the
+        admin's actions on selected rows leave none."""
+        return self.store.hold(ids, now=self.clock())
+
+    def release_items(self, ids: Sequence[str]) -> HoldResult:
+        """Make the held items among ``ids`` due now, as ``release`` does; idle workers
+        are woken."""
+        store = self.store
+        done = store.release(ids, now=self.clock())
+        if done.changed:
+            self._send_tasks(store, done.changed)
+        return done
 
 
 def _sampled(store: QueueStore, items: Sequence[QueueItem]) -> list[Sampled]:

@@ -35,9 +35,11 @@ Every store runs the same contract suite (``bumail_queue.testing.StoreContract``
   until its ``until``; TLS session
   counts of one kind add up, in one step per call, and a day's are read back whole.
 - The suppression list is keyed by ``addresses.normal_address``: an address is found
-  however its domain is written. An entry is in force until its ``expires_at``; one
-  past it is never returned, whether or not it was purged yet. ``suppressions_of``
-  answers a batch in one round trip; ``update_suppressions`` is one atomic step, so
+  however its domain is written, and so are an erased address's entries, kept under
+  its ``suppression.forgotten_key`` (``suppression.lookup_keys`` names both, for the
+  same round trip). An entry is in force until its ``expires_at``; one past it is
+  never returned, whether or not it was purged yet. ``suppressions_of`` answers a
+  batch in one round trip; ``update_suppressions`` is one atomic step, so
   two workers noting an address's expiries at once suppress it once they are two.
 - A store that ``supports_shaping`` decides each ``take_permit`` in one step across
   every process: no more slots are granted than the limit, no more tokens than the

@@ -10,7 +10,6 @@ from collections.abc import Iterable, Sequence
 from datetime import date, datetime
 from typing import Any
 
-from bumail_queue.addresses import normal_address
 from bumail_queue.conf import QueueSettings
 from bumail_queue.errors import ErrorCode, QueueError
 from bumail_queue.items import AttemptResult, NewItem, QueueItem, fair_order
@@ -38,6 +37,7 @@ from bumail_queue.suppression import (
     SuppressionReason,
     SuppressionUpdate,
     address_holds,
+    lookup_keys,
     search_form,
 )
 
@@ -365,15 +365,15 @@ class MemoryStore(QueueStore):
     ) -> dict[str, builtins.list[Suppression]]:
         with self._lock:
             found: dict[str, builtins.list[Suppression]] = {}
-            for address in addresses:
-                key = normal_address(address)
+            for key, given in lookup_keys(addresses).items():
                 if scopes is None:
                     kept = [entry for (at, _), entry in self._suppressed.items() if at == key]
                 else:
                     kept = [entry for scope in scopes if (entry := self._suppressed.get((key, scope))) is not None]
-                entries = [entry for entry in kept if entry.is_in_force(now)]
-                if entries:
-                    found[address] = entries
+                for entry in kept:
+                    if entry.is_in_force(now):
+                        for address in given:
+                            found.setdefault(address, []).append(entry)
             return found
 
     def update_suppressions(self, change: SuppressionChange, *, now: datetime) -> SuppressionUpdate:

@@ -22,7 +22,7 @@ Times are made here and given to the store: a store keeps no clock. Importing th
 package imports pytest; nothing else in ``bumail_queue`` does.
 
 The promises are grouped by what they are about, one mixin each (``items``, ``claims``,
-``operators``, ``sts``, ``suppressions``, ``shaping``, ``bulk``); ``values`` holds what they are
+``operators``, ``sts``, ``suppressions``, ``shaping``, ``bulk``, ``personal_data``); ``values`` holds what they are
 written with, which tests of a store's own may use too.
 """
 
@@ -32,6 +32,7 @@ from bumail_queue.testing.bulk import BulkContract
 from bumail_queue.testing.claims import ClaimsContract
 from bumail_queue.testing.items import ItemsContract
 from bumail_queue.testing.operators import OperatorsContract
+from bumail_queue.testing.personal_data import PersonalDataContract
 from bumail_queue.testing.shaping import ShapingContract
 from bumail_queue.testing.sts import STSContract
 from bumail_queue.testing.suppressions import SuppressionsContract
@@ -58,6 +59,7 @@ __all__ = [
     "OK",
     "T0",
     "BulkContract",
+    "PersonalDataContract",
     "ShapingContract",
     "StoreContract",
     "claim_one",
@@ -72,6 +74,13 @@ __all__ = [
 
 
 class StoreContract(
-    ItemsContract, ClaimsContract, OperatorsContract, STSContract, SuppressionsContract, ShapingContract, BulkContract
+    ItemsContract,
+    ClaimsContract,
+    OperatorsContract,
+    STSContract,
+    SuppressionsContract,
+    ShapingContract,
+    BulkContract,
+    PersonalDataContract,
 ):
     """Every promise of a ``QueueStore``: inherit it in a pytest class with a ``store`` fixture."""

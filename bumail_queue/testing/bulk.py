@@ -47,6 +47,22 @@ class BulkContract:
             assert [item.id for item in claimed] == ([other.id] if now == T0 else [])
         assert store.claim_items([held.id], owner="w2", now=FAR_FUTURE, lease_until=FAR_FUTURE + LEASE) == []
 
+    def test_an_item_added_held_is_held_until_released(self, store: QueueStore) -> None:
+        # The staging firewall adds items held: one add, no moment when a claim could take them.
+        held, other = store.add_many([new_item(next_attempt_at=HELD_AT, channel="news"), new_item(channel="news")])
+        assert store.get(held.id).next_attempt_at == HELD_AT
+        assert state_of(store.get(held.id), T0) == ItemState.HELD
+        for now in (T0, FAR_FUTURE):
+            claimed = store.claim(owner="w1", now=now, lease_until=FAR_FUTURE + LEASE, limit=10)
+            assert [item.id for item in claimed] == ([other.id] if now == T0 else [])
+        assert store.claim_items([held.id], owner="w2", now=FAR_FUTURE, lease_until=FAR_FUTURE + LEASE) == []
+        assert [item.id for item in store.search(ItemQuery(now=T0, state=ItemState.HELD))] == [held.id]
+        assert store.summary(now=T0).by_state[ItemState.HELD] == 1
+        assert store.hold([held.id], now=T0).unchanged == (held.id,)
+        now = T0 + timedelta(minutes=5)
+        assert store.release([held.id], now=now).changed == (held.id,)
+        assert claim_one(store, "w3", now=now).id == held.id
+
     def test_a_release_makes_the_item_due_at_its_now(self, store: QueueStore) -> None:
         item = store.add(new_item(next_attempt_at=T0 + timedelta(hours=2)))
         store.hold([item.id], now=T0)

@@ -1,15 +1,16 @@
-"""``manage.py queue_purge``: delete old delivery log entries, in batches."""
+"""``manage.py queue_purge``: delete old delivery log entries, in batches, and apply the
+archive's retention (``ARCHIVE``, ``REDACT_AFTER``)."""
 
 from __future__ import annotations
 
 import argparse
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from bumail_queue import delivery_log
+from bumail_queue import archive, delivery_log
 from bumail_queue.conf import get_settings
 from bumail_queue.management.arguments import describe_duration, duration, positive_int
 from bumail_queue.management.commands.queue_status import store_errors_in_one_line
@@ -31,7 +32,8 @@ def batch_size(value: str) -> int:
 class Command(BaseCommand):
     help = (
         "Delete delivery log entries older than --older-than (default: DELIVERY_LOG_RETENTION), in batches, "
-        "and the TLS report counts of the days before."
+        "and the TLS report counts of the days before; drop the archived messages past ARCHIVE's time "
+        "(their headers stay) and delete those past REDACT_AFTER."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -46,10 +48,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         settings = get_settings()
+        now = timezone.now()
+        self._purge_archive(now, dry_run=options["dry_run"], batch_size=options["batch_size"])
         older_than: timedelta | None = options["older_than"] or settings.delivery_log_retention
         if older_than is None:
             raise CommandError("DELIVERY_LOG_RETENTION is None (keep forever): give --older-than to purge.")
-        now = timezone.now()
         cutoff = now - older_than
         age = describe_duration(older_than)
         if options["dry_run"]:
@@ -69,3 +72,18 @@ class Command(BaseCommand):
         self.stdout.write(
             f"Deleted {kinds} TLS report count{'' if kinds == 1 else 's'} of the days before {cutoff:%Y-%m-%d}."
         )
+
+    def _purge_archive(self, now: datetime, *, dry_run: bool, batch_size: int) -> None:
+        """The archive's retention, whatever ``--older-than`` says: each row carries its
+        own times, set by ``ARCHIVE`` and ``REDACT_AFTER`` as it was archived."""
+        with store_errors_in_one_line():
+            if dry_run:
+                bodies, rows = archive.due_counts(now=now)
+            else:
+                bodies, rows = archive.purge(now=now, batch_size=batch_size)
+        if bodies or rows:
+            verb = ("Would drop", "would delete") if dry_run else ("Dropped", "deleted")
+            self.stdout.write(
+                f"{verb[0]} the body of {bodies} archived message{'' if bodies == 1 else 's'} past ARCHIVE; "
+                f"{verb[1]} {rows} past REDACT_AFTER."
+            )

@@ -19,7 +19,14 @@ from bumail_queue.items import Reply, check_channel, reply_line
 from bumail_queue.management.arguments import duration, positive_int
 from bumail_queue.management.commands.queue_status import store_errors_in_one_line
 from bumail_queue.service import queue
-from bumail_queue.suppression import GLOBAL_SCOPE, Suppression, SuppressionReason, channel_scope, scope_label
+from bumail_queue.suppression import (
+    FORGOTTEN_LABEL,
+    GLOBAL_SCOPE,
+    Suppression,
+    SuppressionReason,
+    channel_scope,
+    scope_label,
+)
 
 ACTIONS = ("list", "show", "add", "remove", "forget", "purge", "export", "import")
 #: The columns of ``export`` and ``import``, in this order, with a header line.
@@ -243,14 +250,20 @@ def aware(text: str) -> datetime:
 def entry_line(entry: Suppression) -> str:
     """Return an entry as ``list`` prints it: the address, why, since and until when, the reply."""
     return (
-        f"{entry.address}  {f'{entry.scope}  ' if entry.scope else ''}{entry.reason.value}  since {entry.created_at:%Y-%m-%d %H:%M} "
+        f"{shown_address(entry)}  {f'{entry.scope}  ' if entry.scope else ''}{entry.reason.value}  since {entry.created_at:%Y-%m-%d %H:%M} "
         f"until {entry.expires_at:%Y-%m-%d %H:%M %Z}  {reply_line(entry.reply) or '-'}"
     )
+
+
+def shown_address(entry: Suppression) -> str:
+    """Return how a line names an entry's address: an erased one's as such, with its key."""
+    return f"{FORGOTTEN_LABEL} {entry.address}" if entry.forgotten else entry.address
 
 
 def entry_json(entry: Suppression) -> dict[str, Any]:
     return {
         "address": entry.address,
+        "forgotten": entry.forgotten,
         "scope": entry.scope,
         "reason": entry.reason.value,
         "reply": entry.reply.to_dict(),

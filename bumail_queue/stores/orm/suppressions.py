@@ -20,7 +20,6 @@ from typing import Any, Protocol
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from bumail_queue.addresses import normal_address
 from bumail_queue.items import Reply
 from bumail_queue.models import Suppression as Row
 from bumail_queue.suppression import (
@@ -30,9 +29,9 @@ from bumail_queue.suppression import (
     SuppressionChange,
     SuppressionReason,
     SuppressionUpdate,
+    lookup_keys,
     search_form,
 )
-from bumail_queue.text import is_keepable
 
 from .database import aware
 from .queries import escape_like
@@ -125,11 +124,9 @@ class Wanted:
 def suppression_entries(
     store: ORMWriter, addresses: Iterable[str], *, now: datetime, scopes: Sequence[str] | None
 ) -> dict[str, list[Suppression]]:
-    """Look a batch up on the ``(address, scope)`` index: one statement per 500 distinct addresses."""
-    given: dict[str, list[str]] = {}
-    for address in addresses:
-        if is_keepable(address):
-            given.setdefault(normal_address(address), []).append(address)
+    """Look a batch up on the ``(address, scope)`` index: one statement per 500 keys, each
+    address's and its ``forgotten_key`` in the same ``IN`` list."""
+    given = lookup_keys(addresses)
     keys = list(given)
     found: dict[str, list[Suppression]] = {}
     table, q = _table(store), store.quote

@@ -38,6 +38,7 @@ class RedisItems(RedisConnection):
             self.keys.prefix,
             "" if max_items is None else str(max_items),
             self.keys.wake,
+            micros(HELD_AT),
         ]
         for new in items:
             self.validate_new(new)

@@ -12,16 +12,15 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import cast
 
-from bumail_queue.addresses import normal_address
 from bumail_queue.suppression import (
     GLOBAL_SCOPE,
     Suppression,
     SuppressionChange,
     SuppressionReason,
     SuppressionUpdate,
+    lookup_keys,
     search_form,
 )
-from bumail_queue.text import is_keepable
 
 from . import scripts
 from .connection import RedisConnection
@@ -38,11 +37,9 @@ class RedisSuppressions(RedisConnection):
         self, addresses: Iterable[str], *, now: datetime, scopes: Sequence[str] | None = None
     ) -> dict[str, builtins.list[Suppression]]:
         """One ``HMGET`` for the whole batch in every scope asked (every scope kept, read
-        first with ``SMEMBERS``, for ``None``); entries past their time are left out here."""
-        given: dict[str, list[str]] = {}
-        for address in addresses:
-            if is_keepable(address):
-                given.setdefault(normal_address(address), []).append(address)
+        first with ``SMEMBERS``, for ``None``), each address's ``forgotten_key`` with it;
+        entries past their time are left out here."""
+        given = lookup_keys(addresses)
         if not given:
             return {}
         client = self._redis()

@@ -1,8 +1,11 @@
 #!lua
 --[[
-KEYS items, seq, keys; ARGV prefix, max ('' for no limit), wake channel, then ten per
-item: id, key ('' for none, else '=' and the key), from, recipients, size, created,
-next, priority, channel, message.
+KEYS items, seq, keys; ARGV prefix, max ('' for no limit), wake channel, held (the
+score of HELD_AT), then ten per item: id, key ('' for none, else '=' and the key),
+from, recipients, size, created, next, priority, channel, message.
+
+An item added held (next at or past held) goes in no lane's ready set, as hold.lua
+leaves one: no claim meets it until release.lua puts it there.
 
 All or nothing: every item is looked at before anything is written. Returns
 {'full', count} when the new items would take the queue beyond max; otherwise
@@ -10,13 +13,13 @@ All or nothing: every item is looked at before anything is written. Returns
 the item already holding its key (or its id: the same add sent again after a lost
 reply), or the 1-based position of an earlier item of this call with the same key.
 ]]
-local prefix, max, channel = ARGV[1], ARGV[2], ARGV[3]
+local prefix, max, channel, held = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local FIELDS = 10
-local count = (#ARGV - 3) / FIELDS
+local count = (#ARGV - 4) / FIELDS
 local entries, fresh, batch_keys = {}, {}, {}
 
 for i = 1, count do
-    local base = 3 + (i - 1) * FIELDS
+    local base = 4 + (i - 1) * FIELDS
     local id, key = ARGV[base + 1], ARGV[base + 2]
     local entry = 'ok'
     if redis.call('EXISTS', prefix .. 'item:' .. id) == 1 then
@@ -63,7 +66,9 @@ for _, base in ipairs(fresh) do
     -- In the same script as the item: no claim can see the one without the other.
     redis.call('SET', prefix .. 'message:' .. id, ARGV[base + 10])
     redis.call('ZADD', KEYS[1], next, member)
-    make_ready(prefix, lane_of(priority, lane_channel), next, member)
+    if tonumber(next) < held then
+        make_ready(prefix, lane_of(priority, lane_channel), next, member)
+    end
 end
 if #fresh > 0 then
     redis.call('PUBLISH', channel, '')
