@@ -291,17 +291,17 @@ def forgotten_key(address: str) -> str:
 
 def _hashed(keyed: hmac.HMAC, key: str) -> str:
     # Django's salted_hmac, with its derived key and its HMAC's key schedule made once
-    # per secret: each lookup of a claim's recipients pays one hash per address.
+    # per SECRET_KEY: each lookup of a claim's recipients pays one hash per address.
     mac = keyed.copy()
     mac.update(key.encode("utf-8", "surrogatepass"))
     return FORGOTTEN_PREFIX + mac.hexdigest()
 
 
 @functools.lru_cache(maxsize=4)
-def _keyed(secret: str) -> hmac.HMAC:
-    """What ``salted_hmac(_FORGOTTEN_SALT, ..., secret=secret, algorithm="sha256")`` starts
-    from (the secret is part of the cache's key: a changed SECRET_KEY is heeded)."""
-    return hmac.new(hashlib.sha256((_FORGOTTEN_SALT + secret).encode()).digest(), digestmod=hashlib.sha256)
+def _keyed(signing_key: str) -> hmac.HMAC:
+    """The HMAC Django's ``salted_hmac`` starts from, with this module's salt and SHA-256,
+    for ``signing_key`` (part of the cache's key, so a changed SECRET_KEY is heeded)."""
+    return hmac.new(hashlib.sha256((_FORGOTTEN_SALT + signing_key).encode()).digest(), digestmod=hashlib.sha256)
 
 
 def is_forgotten(address: str) -> bool:
